@@ -1,0 +1,45 @@
+"""Draws a maze state as a PIL image: walls gray, paths white, agent a blue circle, target a red square.
+
+Pixels come from numpy masks rather than PIL's shape drawing, so the image bytes do not depend on the
+Pillow version: the same state gives the same image on every machine.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+from PIL import Image
+
+if TYPE_CHECKING:
+    from envs.maze import Maze
+
+WALL = (128, 128, 128)
+PATH = (255, 255, 255)
+AGENT = (0, 0, 255)
+TARGET = (255, 0, 0)
+
+# The target's half-side (0.3 block) is smaller than the agent's radius (0.35 block) but its corners stick
+# out, so an agent standing on the target still shows both.
+_AGENT_RADIUS = 0.35
+_TARGET_HALF_SIDE = 0.3
+
+
+@lru_cache(maxsize=None)
+def _sprites(cell_px: int) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean (cell_px, cell_px) masks of the agent's circle and the target's square, pixel centres tested."""
+    centre = (np.arange(cell_px) + 0.5) / cell_px - 0.5  # block-relative coordinates in [-0.5, 0.5]
+    y, x = np.meshgrid(centre, centre, indexing="ij")
+    circle = x * x + y * y <= _AGENT_RADIUS**2
+    square = (np.abs(x) <= _TARGET_HALF_SIDE) & (np.abs(y) <= _TARGET_HALF_SIDE)
+    return circle, square
+
+
+def render(maze: Maze, agent: tuple[int, int], cell_px: int) -> Image.Image:
+    walls = np.array([[ch == "#" for ch in row] for row in maze.rows])
+    blocks = np.where(walls[..., None], np.uint8(WALL), np.uint8(PATH)).astype(np.uint8)
+    pixels = blocks.repeat(cell_px, axis=0).repeat(cell_px, axis=1)
+    circle, square = _sprites(cell_px)
+    for (row, col), mask, colour in ((maze.target, square, TARGET), (agent, circle, AGENT)):
+        pixels[row * cell_px : (row + 1) * cell_px, col * cell_px : (col + 1) * cell_px][mask] = colour
+    return Image.fromarray(pixels)

@@ -1,0 +1,52 @@
+"""Breadth-first search over a maze's open blocks: shortest paths and the best next move from anywhere."""
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from envs.maze import Maze
+
+Cell = tuple[int, int]  # (row, col) of a block; row 0 is the top
+
+# Direction d -> (d_row, d_col): 0 right, 1 up, 2 left, 3 down, as in the action text ('move', d).
+MOVES: dict[int, Cell] = {0: (0, 1), 1: (-1, 0), 2: (0, -1), 3: (1, 0)}
+
+
+def distances_to(maze: Maze, goal: Cell) -> dict[Cell, int]:
+    """Moves from every reachable open block to `goal`."""
+    dist = {goal: 0}
+    queue = deque([goal])
+    while queue:
+        row, col = queue.popleft()
+        for d_row, d_col in MOVES.values():
+            nxt = (row + d_row, col + d_col)
+            if nxt not in dist and maze.is_open(nxt):
+                dist[nxt] = dist[(row, col)] + 1
+                queue.append(nxt)
+    return dist
+
+
+def next_direction(maze: Maze, position: Cell, dist: Optional[dict[Cell, int]] = None) -> Optional[int]:
+    """The move that brings `position` one block closer to the target; None on the target itself."""
+    dist = distances_to(maze, maze.target) if dist is None else dist
+    if position not in dist:
+        raise ValueError(f"{position} is not an open block connected to the target {maze.target}")
+    if position == maze.target:
+        return None
+    row, col = position
+    # In a perfect maze exactly one neighbour is closer; the fixed order keeps other layouts deterministic.
+    return next(
+        d for d, (d_row, d_col) in MOVES.items() if dist.get((row + d_row, col + d_col)) == dist[position] - 1
+    )
+
+
+def shortest_path(maze: Maze, start: Optional[Cell] = None) -> list[Cell]:
+    """Blocks from `start` (default: the maze's start) to the target, both included."""
+    position = maze.start if start is None else tuple(start)
+    dist = distances_to(maze, maze.target)
+    path = [position]
+    while (d := next_direction(maze, position, dist)) is not None:
+        position = (position[0] + MOVES[d][0], position[1] + MOVES[d][1])
+        path.append(position)
+    return path
