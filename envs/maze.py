@@ -124,7 +124,8 @@ def generate_maze(size: int, seed: int) -> Maze:
 def expert_actions(maze: Maze, start: Optional[Cell] = None) -> list[str]:
     """The shortest solution from `start` (default: the maze's start) as action texts, ending with stop."""
     path = shortest_path(maze, start)
-    moves = [next(d for d, delta in MOVES.items() if delta == (b[0] - a[0], b[1] - a[1])) for a, b in zip(path, path[1:])]
+    direction = {delta: d for d, delta in MOVES.items()}
+    moves = [direction[(b[0] - a[0], b[1] - a[1])] for a, b in zip(path, path[1:])]
     return [action_text(d) for d in moves] + [action_text("stop")]
 
 
@@ -158,7 +159,6 @@ class MazeEnv(Env):
         self.size, self.cell_px, self.max_turns = size, cell_px, max_turns
         self.format_reward, self.keep_images = float(format_reward), keep_images
         self._maze: Optional[Maze] = None
-        self._dist: dict[Cell, int] = {}
         self._position: Cell = (0, 0)
         self._turn = 0
         self._done = True

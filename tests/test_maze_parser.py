@@ -43,7 +43,10 @@ def test_finds_an_action_embedded_in_any_text(prefix, action, suffix):
     assert parse_action(prefix + canonical(action) + suffix) == action
 
 
-@given(SPACE, QUOTE, SPACE, SPACE, QUOTE, SPACE, st.integers(0, 3), st.booleans(), st.sampled_from(["move", "Move", "MOVE"]))
+WORD = st.sampled_from(["move", "Move", "MOVE"])
+
+
+@given(SPACE, QUOTE, SPACE, SPACE, QUOTE, SPACE, st.integers(0, 3), st.booleans(), WORD)
 def test_move_accepts_quote_styles_spacing_and_case(s1, q1, s2, s3, q2, s4, d, quoted_dir, word):
     direction = f"{q2}{d}{q2}" if quoted_dir else str(d)
     assert parse_action(f"({s1}{q1}{word}{q1}{s2},{s3}{direction}{s4})") == ("move", d)
