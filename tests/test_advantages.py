@@ -1,0 +1,67 @@
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from grpo.advantages import group_advantages
+from grpo.config import AlgorithmConfig
+
+
+def adv(rewards, **config):
+    return group_advantages(torch.tensor(rewards, dtype=torch.float64), AlgorithmConfig(group_size=2, **config))
+
+
+def test_group_scaled_advantages():
+    # [1, 0, 0, 0]: mean 0.25, r - mean = [0.75, -0.25, -0.25, -0.25]; sample variance
+    # (0.5625 + 3 * 0.0625) / 3 = 0.25, std 0.5 -> [1.5, -0.5, -0.5, -0.5].
+    # [2, 4, 6, 8]: mean 5, r - mean = [-3, -1, 1, 3]; variance 20 / 3, std s = 2.582 -> [-3, -1, 1, 3] / s.
+    out = adv([[1, 0, 0, 0], [2, 4, 6, 8]], eps=1e-12)
+    s = math.sqrt(20 / 3)
+    expected = [[1.5, -0.5, -0.5, -0.5], [-3 / s, -1 / s, 1 / s, 3 / s]]
+    assert_close(out.advantages, torch.tensor(expected, dtype=torch.float64))
+
+
+def test_eps_is_added_to_the_std():
+    # 0.75 / (0.5 + 0.25) = 1.0 and -0.25 / 0.75 = -1/3.
+    out = adv([[1, 0, 0, 0]], eps=0.25)
+    assert_close(out.advantages, torch.tensor([[1.0, -1 / 3, -1 / 3, -1 / 3]], dtype=torch.float64))
+
+
+def test_unscaled_advantages_dr_grpo():
+    out = adv([[1, 0, 0, 0], [2, 4, 6, 8]], scale_rewards="none")
+    expected = [[0.75, -0.25, -0.25, -0.25], [-3.0, -1.0, 1.0, 3.0]]
+    assert_close(out.advantages, torch.tensor(expected, dtype=torch.float64))
+
+
+def test_leave_one_out_baseline():
+    # r_i minus the mean of the other three: 1 - 0 = 1, 0 - 1/3 = -1/3 (= 4/3 of r - mean).
+    out = adv([[1, 0, 0, 0]], baseline="leave_one_out", scale_rewards="none")
+    assert_close(out.advantages, torch.tensor([[1.0, -1 / 3, -1 / 3, -1 / 3]], dtype=torch.float64))
+    # Scaled by the std 0.5 as well: [2, -2/3, -2/3, -2/3].
+    out = adv([[1, 0, 0, 0]], baseline="leave_one_out", eps=1e-12)
+    assert_close(out.advantages, torch.tensor([[2.0, -2 / 3, -2 / 3, -2 / 3]], dtype=torch.float64))
+
+
+def test_equal_reward_groups_get_exactly_zero_and_can_be_dropped():
+    # Seven float32 rewards of 0.7: r - mean(r) leaves ~6e-8, which std (~6e-8) + eps would turn into 0.056.
+    rewards = torch.tensor([[0.7] * 7, [1, 0, 1, 0, 1, 0, 1], [0.0] * 7], dtype=torch.float32)
+    out = group_advantages(rewards, AlgorithmConfig())
+    assert torch.equal(out.advantages[0], torch.zeros(7)) and torch.equal(out.advantages[2], torch.zeros(7))
+    assert out.zero_signal.tolist() == [True, False, True]
+    assert out.keep.tolist() == [True, True, True]
+    assert not torch.isnan(out.advantages).any()
+    dropped = group_advantages(rewards, AlgorithmConfig(drop_zero_signal_groups=True))
+    assert dropped.keep.tolist() == [False, True, False]
+    assert torch.equal(dropped.advantages, out.advantages)
+
+
+def test_integer_rewards_become_float():
+    out = group_advantages(torch.tensor([[1, 0]]), AlgorithmConfig(scale_rewards="none"))
+    assert out.advantages.dtype == torch.float32 and out.advantages.tolist() == [[0.5, -0.5]]
+
+
+@pytest.mark.parametrize("shape", [(4,), (3, 1), (2, 2, 2)])
+def test_rewards_must_be_groups_of_at_least_two(shape):
+    with pytest.raises(ValueError, match="num_groups, G"):
+        group_advantages(torch.zeros(shape), AlgorithmConfig())

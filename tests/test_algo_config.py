@@ -1,0 +1,73 @@
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from grpo.config import AlgorithmConfig, ConfigError, check_choice, check_number, require
+
+
+def test_defaults_are_valid():
+    c = AlgorithmConfig()
+    assert (c.group_size, c.scale_rewards, c.baseline, c.loss_agg) == (8, "group", "mean", "token_mean")
+    assert (c.kl_coef, c.tis_cap, c.dual_clip) == (0.0, None, None)
+    assert AlgorithmConfig(group_size=np.int64(4)).group_size == 4  # numpy integers from a sweep are integers
+
+
+@pytest.mark.parametrize(
+    "field, value, allowed",
+    [
+        ("group_size", 1, "an integer >= 2"),
+        ("group_size", 2.5, "an integer >= 2"),
+        ("group_size", True, "an integer >= 2"),
+        ("scale_rewards", "batch", "one of 'group', 'none'"),
+        ("baseline", "median", "one of 'mean', 'leave_one_out'"),
+        ("eps", 0.0, "a number > 0"),
+        ("eps", "1e-6", "a number > 0"),  # what YAML makes of 1e-6
+        ("drop_zero_signal_groups", "yes", "True or False"),
+        ("clip_low", -0.1, "a number >= 0 and < 1"),
+        ("clip_low", 1.0, "a number >= 0 and < 1"),
+        ("clip_high", -0.2, "a number >= 0"),
+        ("clip_high", float("nan"), "a number >= 0"),
+        ("dual_clip", 1.0, "a number > 1, or None"),
+        ("loss_agg", "mean", "one of 'token_mean', 'sequence_mean', 'seq_sum_norm'"),
+        ("seq_sum_norm_len", 0, "an integer >= 1, or None"),
+        ("kl_coef", -0.01, "a number >= 0"),
+        ("kl_estimator", "k4", "one of 'k1', 'k2', 'k3'"),
+        ("tis_cap", 0.5, "a number >= 1, or None"),
+    ],
+)
+def test_bad_value_names_field_value_and_what_is_allowed(field, value, allowed):
+    with pytest.raises(ConfigError) as e:
+        AlgorithmConfig(**{field: value})
+    assert isinstance(e.value, ValueError)
+    assert (e.value.field, e.value.value) == (f"AlgorithmConfig.{field}", value)
+    message = str(e.value)
+    assert f"AlgorithmConfig.{field}={value!r}" in message and allowed in message
+
+
+def test_seq_sum_norm_needs_its_length():
+    with pytest.raises(ConfigError, match=r"AlgorithmConfig\.seq_sum_norm_len=None .*loss_agg='seq_sum_norm'"):
+        AlgorithmConfig(loss_agg="seq_sum_norm")
+    assert AlgorithmConfig(loss_agg="seq_sum_norm", seq_sum_norm_len=512).seq_sum_norm_len == 512
+
+
+def test_helpers_serve_other_config_classes():
+    @dataclass
+    class LoraSettings:
+        rank: int = 8
+        dropout: float = 0.0
+        target: str = "all-linear"
+
+        def __post_init__(self):
+            check_number(self, "rank", integer=True, ge=1, hint="e.g. 8 or 16")
+            check_number(self, "dropout", ge=0, lt=1)
+            check_choice(self, "target", ("all-linear", "attention"))
+            require(self, "rank", self.rank % 2 == 0, "an even integer")
+
+    LoraSettings()
+    with pytest.raises(ConfigError, match=r"^LoraSettings\.rank=0 is not allowed: an integer >= 1 \(e\.g\. 8 or 16\)$"):
+        LoraSettings(rank=0)
+    with pytest.raises(ConfigError, match=r"LoraSettings\.rank=3 is not allowed: an even integer"):
+        LoraSettings(rank=3)
+    with pytest.raises(ConfigError, match=r"LoraSettings\.target='mlp' is not allowed: one of 'all-linear', 'attent"):
+        LoraSettings(target="mlp")
