@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import operator
 import random
 import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
+
+from PIL import Image
 
 from envs.base import Env, Observation, StepResult
 from envs.maze_render import render
@@ -94,14 +97,14 @@ class Maze:
 def generate_maze(size: int, seed: int) -> Maze:
     """Wilson's algorithm on the ((size - 1) / 2)^2 cells at odd block coordinates, then a corner pair."""
     _check_size(size)
-    rng = random.Random(seed)
+    rng = random.Random(operator.index(seed))  # an int (numpy's too): other types would seed differently
     n = (size - 1) // 2
     cells = [(r, c) for r in range(n) for c in range(n)]
     open_blocks = {(2 * r + 1, 2 * c + 1) for r, c in cells}
     in_tree = {rng.choice(cells)}
     for cell in cells:
-        # Loop-erased random walk from `cell` to the tree: remembering only the last exit from each
-        # visited cell erases the loops, which is what makes the spanning tree uniform.
+        # A random walk from `cell` until it meets the tree; keeping only the last exit from each visited
+        # cell erases the walk's loops, and loop-erased walks are what make the spanning tree uniform.
         exit_to = {}
         current = cell
         while current not in in_tree:
@@ -181,12 +184,11 @@ class MazeEnv(Env):
     def done(self) -> bool:
         return self._done
 
-    def render(self):
+    def render(self) -> Image.Image:
+        """The current state as an image (the same state gives the same bytes)."""
         return render(self.maze, self._position, self.cell_px)
 
     def reset(self, seed: int) -> Observation:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int (the task id), got {seed!r}")
         self._maze = generate_maze(self.size, seed)
         self._position, self._turn, self._done = self._maze.start, 0, False
         return Observation(text=self._rules(), images=[self.render()])

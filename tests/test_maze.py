@@ -5,6 +5,7 @@ import subprocess
 import sys
 from collections import Counter, deque
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -49,6 +50,9 @@ def test_same_seed_gives_same_maze_and_image_and_seeds_differ():
     obs_a, obs_b = a.reset(17), b.reset(17)
     assert a.maze == b.maze
     assert obs_a.images[0].tobytes() == obs_b.images[0].tobytes()
+    assert generate_maze(9, np.int64(17)) == a.maze
+    with pytest.raises(TypeError):
+        generate_maze(9, "17")  # random.Random would hash the string: a different maze from seed 17
     layouts = {generate_maze(9, seed) for seed in EVAL_SEEDS}
     assert len(layouts) > 60  # 64 draws from ~100k spanning trees x 4 corner pairs: almost all distinct
 
