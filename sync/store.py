@@ -1,0 +1,483 @@
+"""Versioned LoRA adapters on shared storage: the trainer publishes, rollout workers read.
+
+Layout under the root (DESIGN.md, "Adapter store"):
+
+    adapters/
+      manifest.json                 the latest version; per version its creation time and each file's sha256
+      v000001/                      a complete version, what PeftModel.from_pretrained and vLLM's LoRARequest read
+        adapter_model.safetensors
+        adapter_config.json
+      readers/<reader_id>.json      a lease: the version one reader still loads from disk
+      .tmp-*                        work in progress, or what a killed process left; never a version
+
+The manifest is the commit point: a version exists when the manifest names it. A version folder appears
+only by renaming a complete, fsynced temporary folder, and the manifest is replaced by rename after that,
+so a reader that goes through the manifest never sees a half-written version, wherever a writer is killed.
+A folder the manifest does not name (the writer was killed between the two renames) is invisible to
+readers and removed by the next publish.
+
+One writer per root (trainer rank 0); any number of readers on any node that shares the path.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import logging
+import operator
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, NamedTuple
+
+import safetensors.torch
+import torch
+
+from .atomic import (
+    atomic_write,
+    fsync_dir,
+    remove_temp_entries,
+    remove_tree,
+    temp_name,
+    write_new_file,
+)
+
+logger = logging.getLogger(__name__)
+
+ADAPTER_FILE = "adapter_model.safetensors"
+CONFIG_FILE = "adapter_config.json"
+MANIFEST_FILE = "manifest.json"
+_MANIFEST_FORMAT = 1
+_VERSION_DIR = re.compile(r"v(\d{6,})")
+_READER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# FSDP's gathered state dict names LoRA weights with peft's adapter name ("lora_A.default.weight");
+# peft and vLLM expect it dropped, and peft silently skips keys it does not recognise.
+_ADAPTER_NAME_IN_KEY = re.compile(r"\.lora_[A-Za-z_]+\.default(\.|$)")
+_ACQUIRE_TRIES = 3
+
+
+class AdapterStoreError(Exception):
+    """A problem with the adapter store; the message names it and what to do."""
+
+
+class AdapterCorruptError(AdapterStoreError):
+    """A version's file does not match the sha256 the manifest recorded when it was published."""
+
+    def __init__(self, version: int, file: str, expected: str, actual: str, manifest: str):
+        self.version, self.file, self.expected, self.actual = version, file, expected, actual
+        super().__init__(
+            f"adapter version {version} is corrupt: {file} has sha256 {actual}, but {manifest} recorded "
+            f"{expected} when it was published. The version is refused: keep serving the previous one "
+            f"(AdapterStore.latest_verified() returns the newest version that verifies); the trainer's "
+            f"next publish supersedes it. If this repeats, check the storage that holds {file}."
+        )
+
+
+class AdapterNotFoundError(AdapterStoreError, LookupError):
+    """The version is not in the manifest, or its files are gone (garbage-collected meanwhile)."""
+
+
+class AdapterVersionConflictError(AdapterStoreError):
+    """An explicit version number that would overwrite or go behind what the store already holds."""
+
+
+@dataclass(frozen=True)
+class AdapterVersion:
+    """One published version, as the manifest records it."""
+
+    version: int
+    path: str  # the folder to give PeftModel.from_pretrained or vLLM's LoRARequest
+    sha256: Mapping[str, str] = field(hash=False)  # file name -> hex digest
+    created: float  # time.time() when it was published
+
+    @property
+    def name(self) -> str:
+        """A name unique to this version ("v000042"): hot-loading needs a new name per version."""
+        return os.path.basename(self.path)
+
+
+class _Manifest(NamedTuple):
+    latest: int | None
+    versions: dict[int, dict[str, Any]]  # version -> {"created": float, "sha256": {file: digest}}
+
+
+class AdapterStore:
+    """Versioned adapters under root/adapters; see the module docstring for the layout and guarantees.
+
+    keep_last: how many of the newest versions garbage collection keeps besides those readers lease.
+    lease_ttl_s: a lease not refreshed for this long no longer protects its version, so a reader that
+    died without release() does not pin it forever; None keeps leases until released.
+    """
+
+    def __init__(self, root: str | os.PathLike, keep_last: int = 3, lease_ttl_s: float | None = 24 * 3600):
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+            raise ValueError(f"keep_last must be an int >= 1 (the latest version is always kept), got {keep_last!r}")
+        if lease_ttl_s is not None and lease_ttl_s <= 0:
+            raise ValueError(f"lease_ttl_s must be positive or None (leases never expire), got {lease_ttl_s!r}")
+        self.root = os.path.abspath(os.fspath(root))
+        self.adapters_dir = os.path.join(self.root, "adapters")
+        self.readers_dir = os.path.join(self.adapters_dir, "readers")
+        self.manifest_path = os.path.join(self.adapters_dir, MANIFEST_FILE)
+        self.keep_last = keep_last
+        self.lease_ttl_s = lease_ttl_s
+
+    # ----------------------------------------------------------------------------------------- writer
+
+    def publish(self, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any], *,
+                version: int | None = None) -> int:
+        """Write a new version, make it the latest, then garbage-collect; returns its number.
+
+        tensors: the full LoRA state dict with peft's key names (get_peft_model_state_dict, or FSDP's
+        gathered dict with ".default" dropped); written contiguous, on CPU. config:
+        peft_model.peft_config["default"].to_dict() (sets become sorted lists, enums their values).
+        version: the number to publish under, for a trainer resuming from a checkpoint; None takes the
+        next free one. Republishing an existing version with identical files is a no-op; anything that
+        would overwrite a version or go behind the latest raises AdapterVersionConflictError.
+        Garbage collection keeps the newest keep_last versions and every version a reader leases.
+        """
+        files = {ADAPTER_FILE: _serialize_tensors(tensors), CONFIG_FILE: _serialize_config(config)}
+        digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+
+        self._make_dirs()
+        leftovers = remove_temp_entries(self.adapters_dir)
+        if leftovers:
+            logger.info("removed leftovers of an interrupted writer in %s: %s", self.adapters_dir, ", ".join(leftovers))
+        manifest = self._read_manifest()
+        if version is None:
+            version = max([manifest.latest or 0, *self._folder_versions()]) + 1
+        elif self._already_published(_check_version(version), manifest, digests):
+            return version
+
+        folder = self._version_dir(version)
+        if os.path.lexists(folder):
+            # Never named by the manifest (checked above), so no reader can hold it.
+            remove_tree(folder)
+        tmp = os.path.join(self.adapters_dir, temp_name(os.path.basename(folder)))
+        os.mkdir(tmp)
+        for name, data in files.items():
+            write_new_file(os.path.join(tmp, name), data)
+        fsync_dir(tmp)
+        os.rename(tmp, folder)
+        fsync_dir(self.adapters_dir)
+
+        versions = {**manifest.versions, version: {"created": time.time(), "sha256": digests}}
+        keep = set(sorted(versions)[-self.keep_last:]) | self._leased_versions()
+        kept = {v: e for v, e in versions.items() if v in keep}
+        self._write_manifest(_Manifest(version, kept))
+        self._remove_unreferenced(set(kept))
+        logger.info("published adapter version %d in %s (%.1f MB)", version, folder, len(files[ADAPTER_FILE]) / 2**20)
+        return version
+
+    def _already_published(self, version: int, manifest: _Manifest, digests: dict[str, str]) -> bool:
+        free = max([manifest.latest or 0, *self._folder_versions()]) + 1
+        fix = (f"Publish without version= to take the next free number ({free}) and keep that number in "
+               f"the trainer's state; numbers are never reused because readers cache adapters by number.")
+        if version in manifest.versions:
+            recorded = manifest.versions[version]["sha256"]
+            if recorded == digests:
+                logger.info("adapter version %d is already published with identical files", version)
+                return True
+            differ = "; ".join(f"{name}: sha256 {recorded.get(name)} there, {digest} now"
+                               for name, digest in digests.items() if recorded.get(name) != digest)
+            raise AdapterVersionConflictError(
+                f"adapter version {version} already exists in {self.adapters_dir} with different files "
+                f"({differ}): a previous run went past the checkpoint being resumed. {fix}")
+        if manifest.latest is not None and version < manifest.latest:
+            raise AdapterVersionConflictError(
+                f"adapter version {version} is older than the latest version {manifest.latest} in "
+                f"{self.adapters_dir}, and versions only increase. {fix}")
+        return False
+
+    def _write_manifest(self, manifest: _Manifest) -> None:
+        document = {
+            "format": _MANIFEST_FORMAT,
+            "latest": manifest.latest,
+            "versions": {_version_name(v): entry for v, entry in sorted(manifest.versions.items())},
+        }
+        atomic_write(self.manifest_path, (json.dumps(document, indent=2) + "\n").encode())
+
+    def _remove_unreferenced(self, kept: set[int]) -> None:
+        # Leases are read again after the manifest that drops a version has landed: a reader leases before
+        # it checks the manifest (mark_in_use), so it either sees the version gone or its lease is seen here.
+        leased = self._leased_versions()
+        removed = []
+        for version in sorted(self._folder_versions()):
+            if version not in kept and version not in leased:
+                remove_tree(self._version_dir(version))
+                removed.append(version)
+        if removed:
+            logger.info("garbage-collected adapter versions %s in %s", removed, self.adapters_dir)
+
+    # ----------------------------------------------------------------------------------------- readers
+
+    def latest(self) -> AdapterVersion | None:
+        """The latest version the manifest names, unverified (cheap); None before the first publish."""
+        manifest = self._read_manifest()
+        return None if manifest.latest is None else self._describe(manifest, manifest.latest)
+
+    def versions(self) -> list[AdapterVersion]:
+        """Every version the manifest names, oldest first."""
+        manifest = self._read_manifest()
+        return [self._describe(manifest, v) for v in sorted(manifest.versions)]
+
+    def verify(self, version: int) -> AdapterVersion:
+        """Hash the version's files against the manifest; raises AdapterCorruptError or AdapterNotFoundError."""
+        info = self._describe(self._read_manifest(), version)
+        for name, expected in info.sha256.items():
+            self._check_digest(info, name, expected, _sha256_file(self._file(info, name)))
+        return info
+
+    def latest_verified(self) -> AdapterVersion | None:
+        """The newest version whose files verify, walking back past corrupt or vanished ones (logged).
+
+        None before the first publish. Raises AdapterStoreError when versions exist and none verifies,
+        so that a caller never silently falls back to the base model. Hashes the files: call it when
+        latest() has moved, not on every step.
+        """
+        candidates = self.versions()
+        problems = []
+        for info in reversed(candidates):
+            try:
+                self.verify(info.version)
+            except (AdapterCorruptError, AdapterNotFoundError) as e:
+                logger.warning("skipping adapter version %d: %s", info.version, e)
+                problems.append(f"  v{info.version}: {e}")
+                continue
+            if problems:
+                logger.warning("using adapter version %d instead of the latest %d, which failed verification",
+                               info.version, candidates[-1].version)
+            return info
+        if not candidates:
+            return None
+        raise AdapterStoreError(
+            f"no adapter version in {self.adapters_dir} verifies; keep the adapter already loaded and have "
+            f"the trainer publish again:\n" + "\n".join(problems))
+
+    def load(self, version: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The version's tensors (on CPU) and config, verified against the manifest while read."""
+        info = self._describe(self._read_manifest(), version)
+        data = {}
+        for name, expected in info.sha256.items():
+            data[name] = self._read_file(info, name)
+            self._check_digest(info, name, expected, hashlib.sha256(data[name]).hexdigest())
+        return safetensors.torch.load(data[ADAPTER_FILE]), json.loads(data[CONFIG_FILE])
+
+    def mark_in_use(self, reader_id: str, version: int) -> None:
+        """Lease version to reader_id (replacing its previous lease) so garbage collection keeps it.
+
+        Mark a version before loading it from disk; vLLM keeps loaded adapters in memory, so a reader
+        moves its lease to the new version once it has loaded it. Raises AdapterNotFoundError when the
+        version was collected before the lease landed: take latest_verified() again.
+        """
+        version = _check_version(version)
+        lease = {"reader": reader_id, "version": version, "time": time.time(),
+                 "host": socket.gethostname(), "pid": os.getpid()}
+        os.makedirs(self.readers_dir, exist_ok=True)
+        atomic_write(self._lease_path(reader_id), (json.dumps(lease) + "\n").encode())
+        if version not in self._read_manifest().versions:
+            raise AdapterNotFoundError(
+                f"adapter version {version} is not in {self.manifest_path} (never published, or "
+                f"garbage-collected before reader {reader_id!r} leased it): take latest_verified() again")
+
+    def acquire(self, reader_id: str) -> AdapterVersion | None:
+        """The newest version that verifies, leased to reader_id; None before the first publish."""
+        for _ in range(_ACQUIRE_TRIES):
+            info = self.latest_verified()
+            if info is None:
+                return None
+            try:
+                self.mark_in_use(reader_id, info.version)
+                return info
+            except AdapterNotFoundError:
+                continue  # collected while it was being verified: newer versions exist, take one of them
+        raise AdapterStoreError(
+            f"reader {reader_id!r} could not lease a version in {_ACQUIRE_TRIES} tries: versions in "
+            f"{self.adapters_dir} are collected faster than they verify; raise keep_last (now {self.keep_last})")
+
+    def release(self, reader_id: str) -> None:
+        """Drop reader_id's lease (a rollout worker that shuts down)."""
+        try:
+            os.unlink(self._lease_path(reader_id))
+        except FileNotFoundError:
+            pass
+
+    # ----------------------------------------------------------------------------------------- internals
+
+    def _make_dirs(self) -> None:
+        for path in (self.root, self.adapters_dir, self.readers_dir):
+            if not os.path.isdir(path):
+                os.makedirs(path, exist_ok=True)
+                fsync_dir(os.path.dirname(path))
+
+    def _version_dir(self, version: int) -> str:
+        return os.path.join(self.adapters_dir, _version_name(version))
+
+    def _lease_path(self, reader_id: str) -> str:
+        if not isinstance(reader_id, str) or not _READER_ID.fullmatch(reader_id):
+            raise ValueError(
+                f"reader_id {reader_id!r} must be 1-128 letters, digits, '.', '_' or '-' (it names a file "
+                f"under {self.readers_dir}), e.g. f'rollout-{{rank}}'; keep it stable across restarts")
+        return os.path.join(self.readers_dir, reader_id + ".json")
+
+    def _folder_versions(self) -> set[int]:
+        try:
+            entries = list(os.scandir(self.adapters_dir))
+        except FileNotFoundError:
+            return set()
+        return {int(m.group(1)) for e in entries
+                if (m := _VERSION_DIR.fullmatch(e.name)) and e.is_dir(follow_symlinks=False)}
+
+    def _leased_versions(self) -> set[int]:
+        try:
+            entries = [e for e in os.scandir(self.readers_dir) if _is_lease(e.name)]
+        except FileNotFoundError:
+            return set()
+        now = time.time()
+        leased = set()
+        for entry in entries:
+            try:
+                with open(entry.path, "rb") as f:
+                    lease = json.loads(f.read())
+                version, stamped = int(lease["version"]), float(lease["time"])
+            except FileNotFoundError:
+                continue  # released meanwhile
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                logger.warning("ignoring unreadable reader lease %s (%s); the reader rewrites it on its next "
+                               "mark_in_use, or delete it", entry.path, e)
+                continue
+            if self.lease_ttl_s is None or now - stamped <= self.lease_ttl_s:
+                leased.add(version)
+        return leased
+
+    def _read_manifest(self) -> _Manifest:
+        try:
+            with open(self.manifest_path, "rb") as f:
+                document = json.loads(f.read())
+        except FileNotFoundError:
+            return _Manifest(None, {})
+        except ValueError as e:
+            raise self._bad_manifest(e) from e
+        if not isinstance(document, dict) or document.get("format") != _MANIFEST_FORMAT:
+            raise self._bad_manifest(f"expected format {_MANIFEST_FORMAT}, got "
+                                     f"{document.get('format') if isinstance(document, dict) else document!r}")
+        try:
+            versions = {int(_VERSION_DIR.fullmatch(k).group(1)): v for k, v in document["versions"].items()}
+            latest = document["latest"]
+        except (KeyError, AttributeError, TypeError) as e:
+            raise self._bad_manifest(e) from e
+        if (latest is None) != (not versions) or (versions and latest != max(versions)):
+            raise self._bad_manifest(f"latest is {latest} but the versions are {sorted(versions)}")
+        return _Manifest(latest, versions)
+
+    def _bad_manifest(self, problem: object) -> AdapterStoreError:
+        return AdapterStoreError(
+            f"{self.manifest_path} is not a valid adapter manifest ({problem}). Only this store writes it, "
+            f"always by atomic rename, so something else changed it: restore it, or move {self.adapters_dir} "
+            f"aside and publish again")
+
+    def _describe(self, manifest: _Manifest, version: int) -> AdapterVersion:
+        entry = manifest.versions.get(version)
+        if entry is None:
+            raise AdapterNotFoundError(
+                f"adapter version {version} is not in {self.manifest_path} (versions there: "
+                f"{sorted(manifest.versions)}): it was never published or was garbage-collected; "
+                f"take latest_verified()")
+        return AdapterVersion(version, self._version_dir(version), dict(entry["sha256"]), entry["created"])
+
+    def _file(self, info: AdapterVersion, name: str) -> str:
+        return os.path.join(info.path, name)
+
+    def _read_file(self, info: AdapterVersion, name: str) -> bytes:
+        try:
+            with open(self._file(info, name), "rb") as f:
+                return f.read()
+        except FileNotFoundError as e:
+            raise self._vanished(info, name) from e
+
+    def _check_digest(self, info: AdapterVersion, name: str, expected: str, actual: str) -> None:
+        if actual != expected:
+            raise AdapterCorruptError(info.version, self._file(info, name), expected, actual, self.manifest_path)
+
+    def _vanished(self, info: AdapterVersion, name: str) -> AdapterNotFoundError:
+        return AdapterNotFoundError(
+            f"adapter version {info.version} is in {self.manifest_path} but {self._file(info, name)} is "
+            f"missing: it was garbage-collected meanwhile, or deleted by hand; take latest_verified()")
+
+
+def _version_name(version: int) -> str:
+    return f"v{version:06d}"
+
+
+def _is_lease(name: str) -> bool:
+    return name.endswith(".json") and _READER_ID.fullmatch(name[: -len(".json")]) is not None
+
+
+def _check_version(version: object) -> int:
+    if isinstance(version, bool):
+        raise TypeError(f"an adapter version is an int >= 1, got {version!r}")
+    number = operator.index(version)
+    if number < 1:
+        raise ValueError(f"adapter versions start at 1 (vLLM LoRA ids must be positive), got {number}")
+    return number
+
+
+def _sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _serialize_tensors(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    if not tensors:
+        raise ValueError("publish() got no tensors: pass the LoRA state dict (peft's get_peft_model_state_dict)")
+    prepared = {}
+    storages = set()
+    for key, tensor in tensors.items():
+        if not isinstance(key, str) or not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"publish() takes a dict of str -> torch.Tensor, got {key!r}: {type(tensor).__name__}")
+        if _ADAPTER_NAME_IN_KEY.search(key):
+            raise ValueError(
+                f"tensor key {key!r} carries peft's adapter name '.default': peft and vLLM expect it dropped "
+                f"(as get_peft_model_state_dict does), e.g. '...lora_A.weight'; peft would skip such keys silently")
+        tensor = tensor.detach().to("cpu").contiguous()
+        storage = tensor.untyped_storage()
+        # safetensors refuses tensors that share memory; views into a larger buffer are copied out.
+        if storage.nbytes() != tensor.nbytes or storage.data_ptr() in storages:
+            tensor = tensor.clone()
+        storages.add(tensor.untyped_storage().data_ptr())
+        prepared[key] = tensor
+    return safetensors.torch.save(prepared, metadata={"format": "pt"})
+
+
+def _serialize_config(config: Mapping[str, Any]) -> bytes:
+    if not isinstance(config, Mapping) or "peft_type" not in config:
+        raise ValueError("publish() needs the peft adapter config with its 'peft_type' (what "
+                         "peft_model.peft_config['default'].to_dict() returns): PeftModel and vLLM read it")
+    return (json.dumps(_jsonable(config, "config"), indent=2, sort_keys=True) + "\n").encode()
+
+
+def _jsonable(value: Any, where: str) -> Any:
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            key = key.value if isinstance(key, enum.Enum) else key
+            if not isinstance(key, str):
+                raise TypeError(f"{where} has the key {key!r}; JSON keys are strings, convert it")
+            out[key] = _jsonable(item, f"{where}[{key!r}]")
+        return out
+    if isinstance(value, (set, frozenset)):
+        # Any fixed order will do, as long as the same set always gives the same bytes (and sha256).
+        return sorted((_jsonable(item, where) for item in value), key=lambda item: json.dumps(item, sort_keys=True))
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    raise TypeError(f"{where} is of type {type(value).__name__}, which JSON cannot hold: convert it to plain values "
+                    f"(peft_model.peft_config['default'].to_dict() gives a dict this store can write)")
