@@ -1,0 +1,147 @@
+"""The trainer's view of a trajectory: model inputs built from token ids and images, and per-token logprobs.
+
+Sequences arrive in the compact form the rollout engine sent to vLLM (one image placeholder per image);
+`expand` turns them into what the model runs, one placeholder per merged patch, exactly as vLLM expands
+them, so the trainer's forward sees what vLLM saw.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+def load_processor(model_path: str | Path):
+    """The model's processor when it has one (vision-language), otherwise its tokenizer."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    path = check_model_dir(model_path)
+    if (path / "processor_config.json").is_file() or (path / "preprocessor_config.json").is_file():
+        return AutoProcessor.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_model(model_path: str | Path, dtype: torch.dtype = torch.float32):
+    """Load a causal LM or an image-text-to-text model by path, whichever the folder holds."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    path = check_model_dir(model_path)
+    config = json.loads((path / "config.json").read_text())
+    auto = AutoModelForImageTextToText if "vision_config" in config else AutoModelForCausalLM
+    return auto.from_pretrained(path, dtype=dtype)
+
+
+def check_model_dir(model_path: str | Path) -> Path:
+    path = Path(model_path)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model folder {str(path)!r} does not exist: pass the path of a local Hugging Face model folder "
+            "(config.json + weights), e.g. one built by `python -m grpo.tiny_models --out DIR`")
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"model folder {str(path)!r} has no config.json, so it is not a Hugging Face model: point the "
+            "model path at the folder that `save_pretrained` wrote")
+    return path
+
+
+def tokenizer_of(processor):
+    return getattr(processor, "tokenizer", processor)
+
+
+def image_token_id(processor) -> int | None:
+    return getattr(processor, "image_token_id", None)
+
+
+@dataclass
+class Expanded:
+    """One sequence as the model runs it."""
+    input_ids: torch.Tensor          # [T] long
+    per_token: list[torch.Tensor]    # the caller's per-token tensors, expanded alongside the ids
+    pixel_values: torch.Tensor | None
+    image_grid_thw: torch.Tensor | None
+
+
+def expand(processor, ids: list[int], images: list, per_token: list[torch.Tensor] = ()) -> Expanded:
+    """Repeat each image placeholder once per merged patch; image tokens take value 0 in `per_token`."""
+    ids_t = torch.as_tensor(ids, dtype=torch.long)
+    per_token = [torch.as_tensor(t) for t in per_token]
+    if not images:
+        return Expanded(ids_t, per_token, None, None)
+    pad = image_token_id(processor)
+    n_pads = int((ids_t == pad).sum())
+    if n_pads != len(images):
+        raise ValueError(f"the sequence has {n_pads} image placeholders but {len(images)} images travel with it")
+    vis = processor.image_processor(images=list(images), return_tensors="pt")
+    grid = vis["image_grid_thw"]
+    merge = processor.image_processor.merge_size
+    counts = (grid.prod(-1) // (merge * merge)).tolist()
+    repeats = torch.ones_like(ids_t)
+    repeats[ids_t == pad] = torch.as_tensor(counts, dtype=torch.long)
+    out_ids = torch.repeat_interleave(ids_t, repeats)
+    out_pt = []
+    for t in per_token:
+        e = torch.repeat_interleave(t, repeats)
+        e[out_ids == pad] = 0
+        out_pt.append(e)
+    return Expanded(out_ids, out_pt, vis["pixel_values"], grid)
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor            # [B, T]
+    attention_mask: torch.Tensor       # [B, T]
+    per_token: list[torch.Tensor]      # each [B, T], zero on padding
+    pixel_values: torch.Tensor | None
+    image_grid_thw: torch.Tensor | None
+    image_token_id: int | None
+
+    def model_kwargs(self) -> dict:
+        kw = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if self.pixel_values is not None:
+            kw["pixel_values"] = self.pixel_values
+            kw["image_grid_thw"] = self.image_grid_thw
+        if self.image_token_id is not None:
+            # Qwen-VL forwards want the token types (0 text, 1 image) next to the ids.
+            kw["mm_token_type_ids"] = (self.input_ids == self.image_token_id).long()
+        return kw
+
+
+def collate(processor, seqs: list[Expanded], pad_id: int) -> Batch:
+    """Right-pad a list of expanded sequences into one batch; images keep their order of appearance."""
+    T = max(len(s.input_ids) for s in seqs)
+    B = len(seqs)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    n_pt = len(seqs[0].per_token)
+    pts = [torch.zeros((B, T), dtype=seqs[0].per_token[k].dtype) for k in range(n_pt)]
+    for i, s in enumerate(seqs):
+        n = len(s.input_ids)
+        ids[i, :n] = s.input_ids
+        attn[i, :n] = 1
+        for k in range(n_pt):
+            pts[k][i, :n] = s.per_token[k]
+    pix = [s.pixel_values for s in seqs if s.pixel_values is not None]
+    grids = [s.image_grid_thw for s in seqs if s.image_grid_thw is not None]
+    return Batch(ids, attn, pts, torch.cat(pix) if pix else None, torch.cat(grids) if grids else None,
+                 image_token_id(processor))
+
+
+def token_logprobs(model, batch: Batch, mask: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+    """logprob of token t given the tokens before it, [B, T]; zero where `mask` is 0 and at position 0.
+
+    Only the masked positions pay for a log-softmax over the vocabulary: a real model's 150k-entry
+    vocabulary times every position of a long multi-turn sequence would not fit.
+    """
+    logits = model(**batch.model_kwargs(), use_cache=False).logits
+    want = (batch.attention_mask if mask is None else mask)[:, 1:].bool()
+    picked = logits[:, :-1][want].float()
+    if temperature != 1.0:
+        picked = picked / temperature
+    targets = batch.input_ids[:, 1:][want]
+    lp = torch.log_softmax(picked, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    out = torch.zeros(batch.input_ids.shape, dtype=lp.dtype, device=lp.device)
+    out[:, 1:][want] = lp
+    return out

@@ -1,0 +1,66 @@
+"""LoRA on the language model through peft, and the adapter's tensors in the form sync.AdapterStore publishes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo.config import check_number, require
+
+# Projection names of Qwen-family decoder layers. The Qwen-VL vision blocks name theirs qkv, proj and
+# linear_fc*, so these names put LoRA on the language model only, which is what vLLM serves adapters for.
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int = 32
+    alpha: float = 64.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = DEFAULT_TARGETS
+
+    def __post_init__(self):
+        check_number(self, "rank", integer=True, ge=1)
+        check_number(self, "alpha", gt=0)
+        check_number(self, "dropout", ge=0, lt=1)
+        require(self, "target_modules", len(self.target_modules) > 0 and all(
+            isinstance(t, str) and t for t in self.target_modules), "a non-empty list of module names")
+
+    def peft_config(self):
+        from peft import LoraConfig
+
+        return LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
+                          target_modules=list(self.target_modules), bias="none")
+
+
+def apply_lora(model, settings: LoraSettings):
+    """Wrap `model` with a fresh adapter; every base weight is frozen, only LoRA weights train."""
+    from peft import get_peft_model
+
+    peft_model = get_peft_model(model, settings.peft_config())
+    trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+    if not trainable:
+        raise ValueError(
+            f"LoRA matched no module of {type(model).__name__}: target_modules={list(settings.target_modules)}; "
+            "name the linear layers of the model's decoder (print(model) lists them)")
+    return peft_model
+
+
+def adapter_tensors(peft_model) -> dict[str, torch.Tensor]:
+    """The adapter's weights under peft's saved key names, on the CPU (what `save_pretrained` writes)."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(peft_model).items()}
+
+
+def adapter_config(peft_model) -> dict:
+    return peft_model.peft_config["default"].to_dict()
+
+
+def randomize_adapter(peft_model, seed: int, scale: float = 0.5) -> None:
+    """Give lora_B non-zero values (peft starts it at zero, which makes every adapter equal to the base)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(peft_model.named_parameters()):
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
