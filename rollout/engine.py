@@ -50,10 +50,13 @@ class Sampling:
     top_p: float = 1.0
     max_tokens: int = 32
     stop: tuple[str, ...] = ()
+    # Tokens the model must never emit, such as image placeholders: one sampled by an untrained model
+    # would announce an image that does not exist.
+    banned_token_ids: tuple[int, ...] = ()
 
     @classmethod
-    def greedy(cls, max_tokens: int = 32, stop: tuple[str, ...] = ()) -> "Sampling":
-        return cls(temperature=0.0, top_p=1.0, max_tokens=max_tokens, stop=stop)
+    def greedy(cls, max_tokens: int = 32, stop: tuple[str, ...] = (), banned_token_ids=()) -> "Sampling":
+        return cls(0.0, 1.0, max_tokens, stop, tuple(banned_token_ids))
 
 
 @dataclass
@@ -118,6 +121,7 @@ class Engine:
         params = SamplingParams(
             temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
             stop=list(sampling.stop) or None, logprobs=0, skip_special_tokens=False,
+            logit_bias={i: -100.0 for i in sampling.banned_token_ids} or None,
         )
         prompts = []
         for r in requests:

@@ -1,0 +1,90 @@
+"""Token ids of a multi-turn conversation, built from the model's own chat template.
+
+Token ids are the source of truth: an episode is the prompt's ids, then per turn the ids vLLM sampled and
+the ids of the observation appended through the chat template. The model's text is never decoded and
+re-encoded into the sequence. The template pieces come from rendering the template twice and taking the
+difference, so any Hugging Face chat template works, not just the tiny models'.
+"""
+from __future__ import annotations
+
+from envs.base import Observation
+
+_MARK = "\u2063GRPO-MARK\u2063"  # an assistant message no real text contains, to cut the template around
+
+
+def _tokenizer_of(processor):
+    return getattr(processor, "tokenizer", processor)
+
+
+class ChatFormat:
+    def __init__(self, processor, system_prompt: str | None = None):
+        self.processor = processor
+        self.tok = _tokenizer_of(processor)
+        self.system_prompt = system_prompt
+        self.image_token_id = getattr(processor, "image_token_id", None)
+        self.vision_ids = {i for i in (
+            self.image_token_id,
+            self._special_id("<|vision_start|>"),
+            self._special_id("<|vision_end|>"),
+        ) if i is not None}
+        if self.tok.chat_template is None and getattr(processor, "chat_template", None) is None:
+            raise ValueError(
+                f"the tokenizer of {getattr(self.tok, 'name_or_path', '?')} has no chat template: multi-turn "
+                "rollouts need one; save the model with a tokenizer that defines `chat_template`")
+        self.eos_ids = self._eos_ids()
+        # What the template writes after an assistant message: the end-of-turn ids.
+        history = self._render(self._head() + [{"role": "assistant", "content": _MARK}], False)
+        self.close_ids = self._ids(history[history.index(_MARK) + len(_MARK):])
+
+    def _special_id(self, token: str) -> int | None:
+        i = self.tok.convert_tokens_to_ids(token)
+        return i if isinstance(i, int) and i != self.tok.unk_token_id and i >= 0 else None
+
+    def _eos_ids(self) -> set[int]:
+        ids = {self.tok.eos_token_id} if self.tok.eos_token_id is not None else set()
+        end = self._special_id("<|im_end|>")
+        if end is not None:
+            ids.add(end)
+        return ids
+
+    def _head(self) -> list[dict]:
+        msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return msgs + [{"role": "user", "content": "x"}]
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        render = self.processor if getattr(self.processor, "chat_template", None) else self.tok
+        return render.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def _user(self, obs: Observation) -> dict:
+        if not obs.images:
+            return {"role": "user", "content": obs.text}
+        if self.image_token_id is None:
+            raise ValueError("the environment returned images but the model has no image token: use a "
+                             "vision-language model, or an environment option that renders text only")
+        return {"role": "user", "content": [{"type": "image"}] * len(obs.images) + [{"type": "text", "text": obs.text}]}
+
+    def prompt_ids(self, obs: Observation) -> list[int]:
+        """The first turn: system prompt (if any), the first observation, then the assistant's opening."""
+        head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return self._ids(self._render(head + [self._user(obs)], True))
+
+    def observation_ids(self, obs: Observation, generated: list[int]) -> list[int]:
+        """Ids to append after the model's turn: close it, the observation as a user turn, the next opening."""
+        before = self._render(self._head() + [{"role": "assistant", "content": _MARK}], False)
+        after = self._render(self._head() + [{"role": "assistant", "content": _MARK}, self._user(obs)], True)
+        if not after.startswith(before):
+            raise ValueError("the chat template renders earlier messages differently once a turn is added; "
+                             "multi-turn token ids cannot be appended turn by turn with this template")
+        suffix = self._ids(after[len(before):])
+        close = list(self.close_ids)
+        # vLLM keeps the end-of-turn token it sampled; the template's closing must not repeat it.
+        if generated and generated[-1] in self.eos_ids and close and close[0] == generated[-1]:
+            close = close[1:]
+        return close + suffix
+
+    def drop_images(self, ids: list[int]) -> list[int]:
+        """The same ids with every image placeholder (and its vision start/end markers) removed."""
+        return [i for i in ids if i not in self.vision_ids]

@@ -1,0 +1,73 @@
+"""The records a rollout produces and the trainer consumes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Segment:
+    """One token sequence the model ran, in the compact form sent to vLLM (one placeholder per image).
+
+    With the full history kept, an episode is one segment that grows turn by turn. When earlier images leave
+    the conversation, each turn's context is no longer a prefix of the next one, so each turn is a segment.
+    """
+    token_ids: list[int]
+    loss_mask: list[int]            # 1 on tokens vLLM sampled, 0 on prompt and observation tokens
+    sampler_logprobs: list[float]   # vLLM's logprob of each sampled token; 0.0 where loss_mask is 0
+    images: list = field(default_factory=list)  # PIL images, in the order of their placeholders
+
+    def __post_init__(self):
+        if not (len(self.token_ids) == len(self.loss_mask) == len(self.sampler_logprobs)):
+            raise ValueError("token_ids, loss_mask and sampler_logprobs must have one entry per token")
+
+    @property
+    def num_generated(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass
+class Trajectory:
+    task_id: str
+    group_id: int                   # episodes of one task share it; advantages are computed per group
+    seed: int
+    segments: list[Segment]
+    turn_rewards: list[float]
+    num_turns: int
+    stop_reason: str                # "done" | "max_turns" | "context" | "length"
+    adapter_version: int | None     # the adapter vLLM sampled with (None: the base model)
+    success: bool = False
+    parse_errors: int = 0
+    info: dict = field(default_factory=dict)
+
+    @property
+    def reward(self) -> float:
+        return float(sum(self.turn_rewards))
+
+    @property
+    def num_generated(self) -> int:
+        return sum(s.num_generated for s in self.segments)
+
+
+@dataclass
+class RolloutStats:
+    episodes: int
+    turns: int
+    generated_tokens: int
+    prompt_tokens: int
+    engine_calls: int
+    wall_s: float
+    engine_s: float
+    success_rate: float
+    mean_reward: float
+    mean_turns: float
+    parse_errors: int
+    stop_reasons: dict
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["tokens_per_s"] = self.tokens_per_s
+        return d

@@ -1,0 +1,233 @@
+"""Multi-turn rollouts: every live episode of a batch goes to vLLM in one call per turn.
+
+Run it in-process, or as a Ray actor with `ray.remote(RolloutWorker)`: the class holds no Ray code.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from envs.base import Observation
+from rollout import runtime
+from rollout.trajectory import RolloutStats, Segment, Trajectory
+
+HISTORY_MODES = ("full", "text", "none")
+
+
+@dataclass(frozen=True)
+class Task:
+    env: str
+    seed: int
+    options: dict = field(default_factory=dict)
+
+    @property
+    def task_id(self) -> str:
+        return f"{self.env}:{self.seed}"
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens_per_turn: int = 32
+    stop: tuple[str, ...] = ()
+    # "full": the whole conversation, images included, one growing sequence. "text": earlier images leave
+    # the context, their text stays. "none": each turn sees the first observation's text and the current
+    # observation only (enough when the observation shows the whole state, as the maze's image does).
+    # "auto": "full" if the env keeps images (env.keep_images), else "text".
+    history: str = "auto"
+    system_prompt: str | None = None
+
+    def __post_init__(self):
+        from grpo.config import check_choice, check_number
+
+        check_number(self, "temperature", ge=0)
+        check_number(self, "top_p", gt=0, le=1)
+        check_number(self, "max_tokens_per_turn", integer=True, ge=1)
+        check_choice(self, "history", HISTORY_MODES + ("auto",))
+
+
+class _Episode:
+    def __init__(self, task: Task, group_id: int, env, history: str, chat):
+        self.task, self.group_id, self.env, self.history, self.chat = task, group_id, env, history, chat
+        self.first = env.reset(task.seed)
+        self.segments: list[Segment] = []
+        self.turn_rewards: list[float] = []
+        self.parse_errors = 0
+        self.success = False
+        self.stop_reason: str | None = None
+        self.info: dict = {}
+        # The context the next turn sees, compact ids plus per-token mask/logprob and its images.
+        self._start_context(chat.prompt_ids(self.first), list(self.first.images))
+
+    def _start_context(self, ids: list[int], images: list) -> None:
+        self.ids, self.mask, self.lps, self.images = list(ids), [0] * len(ids), [0.0] * len(ids), images
+
+    @property
+    def done(self) -> bool:
+        return self.stop_reason is not None
+
+    def on_turn(self, gen) -> None:
+        self.ids += gen.token_ids
+        self.mask += [1] * len(gen.token_ids)
+        self.lps += gen.logprobs
+        result = self.env.step(gen.text)
+        self.turn_rewards.append(float(result.reward))
+        info = result.info or {}
+        self.parse_errors += int(bool(info.get("parse_error")))
+        self.success = bool(info.get("success", self.success))
+        self.info = info
+        if self.history != "full" or result.done:
+            self.segments.append(Segment(self.ids, self.mask, self.lps, self.images))
+        if result.done:
+            self.stop_reason = "max_turns" if info.get("truncated") else "done"
+            return
+        obs = result.observation
+        if self.history == "full":
+            suffix = self.chat.observation_ids(obs, gen.token_ids)
+            self.ids += suffix
+            self.mask += [0] * len(suffix)
+            self.lps += [0.0] * len(suffix)
+            self.images = self.images + list(obs.images)
+        elif self.history == "text":
+            kept = self.chat.drop_images(self.ids)
+            self._start_context(kept + self.chat.observation_ids(obs, gen.token_ids), list(obs.images))
+        else:
+            merged = Observation(text=f"{self.first.text}\n{obs.text}", images=list(obs.images))
+            self._start_context(self.chat.prompt_ids(merged), list(obs.images))
+
+    def finish_for_context(self) -> None:
+        # The context is full before the model could act: what was sampled so far still trains.
+        if self.history == "full" and any(self.mask):
+            self.segments.append(Segment(self.ids, self.mask, self.lps, self.images))
+        self.stop_reason = "context"
+
+    def trajectory(self, adapter_version) -> Trajectory:
+        return Trajectory(
+            task_id=self.task.task_id, group_id=self.group_id, seed=self.task.seed, segments=self.segments,
+            turn_rewards=self.turn_rewards, num_turns=len(self.turn_rewards), stop_reason=self.stop_reason,
+            adapter_version=adapter_version, success=self.success, parse_errors=self.parse_errors,
+            info=dict(self.info),
+        )
+
+
+class RolloutWorker:
+    def __init__(self, engine_config, store_root: str | None = None, worker_id: str = "rollout-0",
+                 run_dir: str | None = None):
+        if run_dir is not None:
+            runtime.configure(run_dir)
+        from grpo.forward import load_processor
+        from rollout.conversation import ChatFormat
+        from rollout.engine import Engine
+
+        self.worker_id = worker_id
+        self.engine = Engine(engine_config)
+        self.processor = load_processor(engine_config.model)
+        self._chat_cache: dict = {}
+        self._chat = lambda system: self._chat_cache.setdefault(system, ChatFormat(self.processor, system))
+        self._image_tokens: dict = {}
+        self.store = None
+        if store_root is not None:
+            from sync import AdapterStore
+
+            self.store = AdapterStore(store_root)
+
+    # ------------------------------------------------------------------------------------------ adapters
+    def sync_adapter(self, version: int | None = None) -> int | None:
+        """Serve `version` (default: the newest that verifies) from the store; returns the version served."""
+        if self.store is None:
+            raise RuntimeError("this worker has no adapter store: pass store_root")
+        info = self.store.verify(version) if version is not None else self.store.latest_verified()
+        if info is None:
+            return self.engine.adapter_version
+        self.engine.load_adapter(info.version, info.path)
+        # vLLM has read the files; the lease keeps garbage collection off them while this version serves.
+        self.store.mark_in_use(self.worker_id, info.version)
+        return info.version
+
+    @property
+    def adapter_version(self) -> int | None:
+        return self.engine.adapter_version
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
+    # ------------------------------------------------------------------------------------------ rollouts
+    def rollout(self, tasks: list[Task], group_size: int, config: RolloutConfig, greedy: bool = False,
+                use_adapter: bool = True) -> tuple[list[Trajectory], RolloutStats]:
+        """Run `group_size` episodes of every task; all live episodes share one engine call per turn."""
+        import envs
+        from rollout.engine import Request, Sampling
+
+        t0 = time.perf_counter()
+        chat = self._chat(config.system_prompt)
+        episodes = []
+        for gid, task in enumerate(tasks):
+            for _ in range(group_size):
+                env = envs.make(task.env, **task.options)
+                history = config.history
+                if history == "auto":
+                    history = "full" if getattr(env, "keep_images", True) else "text"
+                episodes.append(_Episode(task, gid, env, history, chat))
+        banned = tuple(sorted(chat.vision_ids))
+        sampling = (Sampling.greedy(config.max_tokens_per_turn, config.stop, banned) if greedy else
+                    Sampling(config.temperature, config.top_p, config.max_tokens_per_turn, config.stop, banned))
+        version = self.engine.adapter_version if use_adapter else None
+        calls, engine_s, prompt_tokens = 0, 0.0, 0
+        limit = self.engine.cfg.max_model_len
+        while True:
+            live = [e for e in episodes if not e.done]
+            for e in live:
+                if self._expanded_len(e) + config.max_tokens_per_turn > limit:
+                    e.finish_for_context()
+            live = [e for e in live if not e.done]
+            if not live:
+                break
+            t = time.perf_counter()
+            gens = self.engine.generate([Request(e.ids, e.images) for e in live], sampling, use_adapter)
+            engine_s += time.perf_counter() - t
+            calls += 1
+            prompt_tokens += sum(g.expanded_prompt_len for g in gens)
+            for e, g in zip(live, gens):
+                e.on_turn(g)
+        trajs = [e.trajectory(version) for e in episodes]
+        n = len(trajs)
+        stats = RolloutStats(
+            episodes=n, turns=sum(t.num_turns for t in trajs),
+            generated_tokens=sum(t.num_generated for t in trajs), prompt_tokens=prompt_tokens,
+            engine_calls=calls, wall_s=time.perf_counter() - t0, engine_s=engine_s,
+            success_rate=sum(t.success for t in trajs) / max(n, 1),
+            mean_reward=sum(t.reward for t in trajs) / max(n, 1),
+            mean_turns=sum(t.num_turns for t in trajs) / max(n, 1),
+            parse_errors=sum(t.parse_errors for t in trajs),
+            stop_reasons=dict(Counter(t.stop_reason for t in trajs)),
+        )
+        return trajs, stats
+
+    def evaluate(self, env: str, seeds, options: dict | None = None, config: RolloutConfig | None = None,
+                 use_adapter: bool = True) -> tuple[list[Trajectory], RolloutStats]:
+        """Greedy decoding, one episode per seed: the fixed evaluation."""
+        tasks = [Task(env, int(s), dict(options or {})) for s in seeds]
+        return self.rollout(tasks, 1, config or RolloutConfig(), greedy=True, use_adapter=use_adapter)
+
+    def _expanded_len(self, e: _Episode) -> int:
+        extra = 0
+        for img in e.images:
+            key = img.size
+            if key not in self._image_tokens:
+                grid = self.processor.image_processor(images=[img], return_tensors="pt")["image_grid_thw"][0]
+                merge = self.processor.image_processor.merge_size
+                self._image_tokens[key] = int(grid.prod()) // (merge * merge)
+            extra += self._image_tokens[key] - 1
+        return len(e.ids) + extra
+
+    def shutdown(self) -> None:
+        """Free the engine (and its memory) now rather than at garbage collection."""
+        import gc
+
+        self.engine = None
+        gc.collect()
