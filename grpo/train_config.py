@@ -1,0 +1,67 @@
+"""The optimiser's and the update loop's settings (grpo.train_worker), validated when built."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from grpo.config import check_choice, check_number, require
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """AdamW on the LoRA weights, its learning-rate schedule and how a batch is split into passes.
+
+    Steps count `train_step` calls (one rollout batch each). The learning rate changes once per step, so
+    the `updates_per_batch` optimizer updates of one batch share it (as verl and OpenRLHF do).
+    """
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    warmup_steps: int = 0  # linear ramp from lr / warmup_steps to lr over the first steps
+    schedule: str = "constant"  # after warmup: "constant" | "cosine" (to min_lr_ratio * lr at total_steps)
+    total_steps: Optional[int] = None  # the cosine schedule's length; needed for "cosine" only
+    min_lr_ratio: float = 0.0
+    max_grad_norm: Optional[float] = 1.0  # global L2 norm over all ranks; None: no clipping (norm still logged)
+    micro_batch_size: int = 8  # sequences per forward/backward on one rank; does not change the update
+    updates_per_batch: int = 1  # optimizer updates per batch (mini-batches); > 1 scores old logprobs first
+    temperature: float = 1.0  # logits are divided by it before scoring: the temperature vLLM sampled with
+    seed: int = 0  # the adapter's initialisation and the workers' random state
+
+    def __post_init__(self):
+        check_number(self, "lr", gt=0, hint="e.g. 1e-5; LoRA often takes 1e-5 to 1e-4")
+        check_number(self, "weight_decay", ge=0)
+        require(
+            self, "betas",
+            isinstance(self.betas, (tuple, list)) and len(self.betas) == 2 and all(
+                isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) and 0 <= b < 1
+                for b in self.betas),
+            "two numbers in [0, 1), e.g. (0.9, 0.999)",
+        )
+        check_number(self, "adam_eps", gt=0)
+        check_number(self, "warmup_steps", integer=True, ge=0)
+        check_choice(self, "schedule", ("constant", "cosine"))
+        check_number(self, "total_steps", integer=True, ge=1, optional=True)
+        require(
+            self, "total_steps",
+            self.schedule != "cosine" or (self.total_steps is not None and self.total_steps > self.warmup_steps),
+            f"an integer > warmup_steps ({self.warmup_steps}) when schedule='cosine'",
+        )
+        check_number(self, "min_lr_ratio", ge=0, le=1)
+        check_number(self, "max_grad_norm", gt=0, optional=True, hint="e.g. 1.0")
+        check_number(self, "micro_batch_size", integer=True, ge=1)
+        check_number(self, "updates_per_batch", integer=True, ge=1)
+        check_number(self, "temperature", gt=0, hint="the sampling temperature; greedy rollouts do not train")
+        check_number(self, "seed", integer=True, ge=0)
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of step `step` (0-based)."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return self.lr
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        ratio = self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return self.lr * ratio

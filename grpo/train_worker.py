@@ -1,0 +1,487 @@
+"""The trainer: LoRA on a frozen base model, sharded with FSDP2 over ranks, one GRPO update per batch.
+
+`TrainWorker` is one rank, a plain class: use it in-process with world_size=1 (nothing to shard, no
+process group) or as a Ray actor per rank; `TrainGroup` starts `world_size` such actors and forms their
+process group (gloo on CPU, NCCL on GPU).
+
+Every rank receives the whole batch and deals itself its share of the segments by the same rule, so the
+batch-level loss normaliser, the number of forward passes per rank (FSDP's collectives need the same
+count on every rank) and the data of each rank follow from the batch alone, with no exchange of metadata.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from grpo import checkpoint, dist, forward
+from grpo.config import AlgorithmConfig
+from grpo.lora import LoraSettings, adapter_config, adapter_tensors, apply_lora
+from grpo.loss import LossOutput, loss_normalizer, policy_loss
+from grpo.train_config import TrainConfig
+from rollout import runtime
+
+
+@dataclass(frozen=True)
+class _Item:
+    segment: Any  # rollout.trajectory.Segment
+    advantage: float
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One optimizer update as this rank runs it."""
+    micro: list[list[int]]  # this rank's micro-batches, item indices
+    passes: int  # forward/backward passes every rank runs: the most micro-batches any rank has
+    normalizer: float  # loss_normalizer over the whole mini-batch, all ranks
+    filler: int  # the item a rank with fewer micro-batches runs, with zero weight, to keep in step
+
+    def schedule(self) -> list[tuple[list[int], bool]]:
+        return [(self.micro[k], True) if k < len(self.micro) else ([self.filler], False)
+                for k in range(self.passes)]
+
+
+class TrainWorker:
+    """One trainer rank. With world_size > 1 call `setup(master_addr, master_port)` on every rank, at
+    the same time, before training (`TrainGroup` does); with world_size=1 the constructor does it."""
+
+    def __init__(self, model_path: str, *, lora: LoraSettings | None = None,
+                 algorithm: AlgorithmConfig | None = None, train: TrainConfig | None = None,
+                 adapter_path: str | None = None, rank: int = 0, world_size: int = 1, dtype: str = "auto",
+                 cpu_threads: int | None = None):
+        if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+            raise ValueError(f"rank must be in [0, world_size) with world_size >= 1, got rank={rank}, "
+                             f"world_size={world_size}")
+        self.lora = lora or LoraSettings()
+        self.algorithm = algorithm or AlgorithmConfig()
+        self.train = train or TrainConfig()
+        self.rank, self.world_size = rank, world_size
+        self.device = dist.device()
+        if self.device.type == "cpu":
+            # One OpenMP thread per rank: more threads than cores per process thrash (DESIGN.md).
+            threads = cpu_threads if cpu_threads is not None else (1 if world_size > 1 else None)
+            if threads is not None:
+                torch.set_num_threads(threads)
+        dtype_name = runtime.default_dtype() if dtype == "auto" else dtype
+        # Same seed on every rank: each initialises the adapter identically before FSDP keeps its shard.
+        torch.manual_seed(self.train.seed)
+        base = forward.load_model(model_path, dtype=getattr(torch, dtype_name))
+        if adapter_path is not None:
+            from peft import PeftModel
+
+            self.model = PeftModel.from_pretrained(base, adapter_path, is_trainable=True)
+        else:
+            self.model = apply_lora(base, self.lora)
+        self.model.to(self.device)
+        self.processor = forward.load_processor(model_path)
+        self.pad_id = forward.tokenizer_of(self.processor).pad_token_id
+        self.step = 0  # train_step calls so far
+        self.adapter_version: int | None = None  # the last version this trainer published
+        self.optimizer = None
+        self._fsdp = False
+        if world_size == 1:
+            self.setup()
+
+    # ------------------------------------------------------------------------------------------- setup
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Rank 0's node address and a port free there, for every rank's `setup`."""
+        return dist.node_address(), dist.free_port()
+
+    def setup(self, master_addr: str | None = None, master_port: int | None = None) -> None:
+        if self.optimizer is not None:
+            raise RuntimeError("setup() already ran on this worker")
+        if self.world_size > 1:
+            if master_addr is None or master_port is None:
+                raise ValueError("world_size > 1 needs master_addr and master_port (rank 0's rendezvous_address())")
+            dist.init_process_group(self.rank, self.world_size, master_addr, master_port)
+            self._shard()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        t = self.train
+        self.optimizer = torch.optim.AdamW(self.params, lr=t.lr_at(0), betas=tuple(t.betas), eps=t.adam_eps,
+                                           weight_decay=t.weight_decay)
+
+    def _shard(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        # Decoder layers are units of their own; everything else, the vision tower included, stays in the
+        # root unit: with vision blocks as units, a rank whose micro-batch has no image skips their
+        # collectives and gloo aborts (DESIGN.md).
+        for layer in self.model.get_base_model().get_decoder().layers:
+            fully_shard(layer)
+        fully_shard(self.model)
+        self._fsdp = True
+
+    def close(self) -> None:
+        dist.destroy()
+
+    # ---------------------------------------------------------------------------------------- training
+    def train_step(self, trajectories: Sequence, advantages: Sequence[float] | torch.Tensor) -> dict[str, float]:
+        """One batch: `updates_per_batch` optimizer updates over mini-batches of its segments.
+
+        `advantages[i]` applies to every generated token of every segment of `trajectories[i]`. Call it
+        on every rank with the same whole batch. Returns metrics reduced over ranks (identical on each):
+        loss (mean over updates), clip_fraction, ratio_mean, kl (with kl_coef > 0), sampler_abs_diff and
+        sampler_abs_diff_max (trainer vs vLLM logprobs of the sampled tokens: the alarm for a silent sync
+        failure), grad_norm (before clipping, mean over updates), lr, tokens_per_s (all tokens the model
+        ran), generated_tokens, sequences, updates, step.
+        """
+        self._require_setup()
+        t0 = time.perf_counter()
+        advantages = [float(a) for a in (advantages.tolist() if torch.is_tensor(advantages) else advantages)]
+        if len(advantages) != len(trajectories):
+            raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages: one per trajectory")
+        items = [_Item(seg, adv) for traj, adv in zip(trajectories, advantages)
+                 for seg in traj.segments if seg.num_generated > 0]
+        lr = self.train.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.step += 1
+        if not items:
+            # Nothing was generated: no loss to normalise. The step still counts, so the schedule and
+            # a resumed run stay aligned with the caller's steps.
+            return {"step": float(self.step), "lr": lr, "skipped": 1.0, "updates": 0.0}
+
+        plans = [self._plan(items, chunk) for chunk in _split(len(items), self.train.updates_per_batch)]
+        expanded = {i: self._expand(items[i]) for plan in plans for mb, _ in plan.schedule() for i in mb}
+        scored = self._score(plans, expanded) if self.train.updates_per_batch > 1 else None
+
+        names: list[str] | None = None
+        sums: dict[str, float] = {}
+        loss, norms, ran_tokens, diff_max = 0.0, [], 0, 0.0
+        for plan in plans:
+            outputs, n_tokens, d_max = self._update(plan, items, expanded, scored)
+            names = names or [n for n in outputs[0][0].metrics]
+            for out, real in outputs:
+                if real:
+                    for n in names:
+                        sums[n] = sums.get(n, 0.0) + float(out.metrics[n]) * float(out.tokens)
+                    sums["tokens"] = sums.get("tokens", 0.0) + float(out.tokens)
+                    loss += float(out.loss.detach())
+            ran_tokens += n_tokens
+            diff_max = max(diff_max, d_max)
+            norms.append(self._last_grad_norm)
+
+        keys = names + ["tokens"]
+        reduced = dist.all_reduce([sums.get(k, 0.0) for k in keys] + [loss, float(ran_tokens)])
+        (diff_max,) = dist.all_reduce([diff_max], op="max")
+        totals = dict(zip(keys, reduced[: len(keys)]))
+        gen_tokens = totals["tokens"]
+        # Each rank's loss carries a factor world_size (its normaliser is divided by it, as FSDP averages
+        # gradients); the batch loss is their mean, averaged over the updates.
+        metrics = {n: totals[n] / max(gen_tokens, 1.0) for n in names}
+        metrics.update({
+            "loss": reduced[len(keys)] / self.world_size / len(plans),
+            "grad_norm": sum(norms) / len(norms),
+            "lr": lr,
+            "tokens_per_s": reduced[len(keys) + 1] / (time.perf_counter() - t0),
+            "generated_tokens": gen_tokens,
+            "sequences": float(len(items)),
+            "updates": float(len(plans)),
+            "step": float(self.step),
+            "skipped": 0.0,
+        })
+        if "sampler_abs_diff" in metrics:
+            metrics["sampler_abs_diff_max"] = diff_max
+        return metrics
+
+    def _plan(self, items: list[_Item], chunk: list[int]) -> _Plan:
+        lengths = {i: len(items[i].segment.token_ids) for i in chunk}
+        shares = _shard(chunk, lengths, self.world_size)
+        size = self.train.micro_batch_size
+        micro = [_micro_batches(s, lengths, size) for s in shares]
+        masks = [torch.as_tensor(items[i].segment.loss_mask)[None] for i in chunk]
+        return _Plan(micro=micro[self.rank], passes=max(len(m) for m in micro),
+                     normalizer=loss_normalizer(masks, self.algorithm), filler=chunk[0])
+
+    def _expand(self, item: _Item) -> forward.Expanded:
+        seg = item.segment
+        return forward.expand(self.processor, seg.token_ids, seg.images, [
+            torch.as_tensor(seg.loss_mask, dtype=torch.long),
+            torch.as_tensor(seg.sampler_logprobs, dtype=torch.float32),
+        ])
+
+    def _batch(self, indices: list[int], expanded: dict, extra: dict | None = None) -> forward.Batch:
+        seqs = []
+        for i in indices:
+            e = expanded[i]
+            seqs.append(dataclasses.replace(e, per_token=list(e.per_token) + (list(extra[i]) if extra else [])))
+        batch = forward.collate(self.processor, seqs, self.pad_id)
+        move = lambda t: None if t is None else t.to(self.device)  # noqa: E731
+        return dataclasses.replace(
+            batch, input_ids=move(batch.input_ids), attention_mask=move(batch.attention_mask),
+            per_token=[move(t) for t in batch.per_token], pixel_values=move(batch.pixel_values),
+            image_grid_thw=move(batch.image_grid_thw))
+
+    def _reference(self, batch: forward.Batch, mask: torch.Tensor) -> torch.Tensor | None:
+        """The base model's logprobs (the adapter switched off: no second model in memory)."""
+        if self.algorithm.kl_coef == 0:
+            return None
+        training = self.model.training
+        self.model.eval()  # no LoRA dropout in a reference
+        try:
+            with torch.no_grad(), self.model.disable_adapter():
+                return forward.token_logprobs(self.model, batch, mask, self.train.temperature)
+        finally:
+            self.model.train(training)
+
+    def _score(self, plans: list[_Plan], expanded: dict) -> dict[int, list[torch.Tensor]]:
+        """Logprobs before any update of this batch (and the reference's): the old policy of every
+        mini-batch after the first, whose own forward would already see updated weights."""
+        self.model.eval()
+        scored = {}
+        for plan in plans:
+            for indices, _ in plan.schedule():
+                batch = self._batch(indices, expanded)
+                mask = batch.per_token[0]
+                with torch.no_grad():
+                    old = forward.token_logprobs(self.model, batch, mask, self.train.temperature)
+                ref = self._reference(batch, mask)
+                for row, i in enumerate(indices):
+                    n = len(expanded[i].input_ids)
+                    scored[i] = [old[row, :n].cpu()] + ([] if ref is None else [ref[row, :n].cpu()])
+        return scored
+
+    def _update(self, plan: _Plan, items: list[_Item], expanded: dict, scored: dict | None):
+        self.model.train()
+        schedule = plan.schedule()
+        outputs: list[tuple[LossOutput, bool]] = []
+        ran_tokens, diff_max = 0, 0.0
+        for k, (indices, real) in enumerate(schedule):
+            if self._fsdp:
+                # Reduce-scatter the accumulated gradients once, after the last micro-batch.
+                self.model.set_requires_gradient_sync(k == len(schedule) - 1)
+            batch = self._batch(indices, expanded, scored)
+            mask, sampler = batch.per_token[0], batch.per_token[1]
+            if scored is None:
+                ref = self._reference(batch, mask)
+                logprobs = forward.token_logprobs(self.model, batch, mask, self.train.temperature)
+                old = logprobs.detach()
+            else:
+                old = batch.per_token[2]
+                ref = batch.per_token[3] if len(batch.per_token) > 3 else None
+                logprobs = forward.token_logprobs(self.model, batch, mask, self.train.temperature)
+            adv = torch.tensor([items[i].advantage for i in indices], dtype=logprobs.dtype, device=self.device)
+            out = policy_loss(logprobs, old, adv, mask, self.algorithm, plan.normalizer / self.world_size,
+                              ref_logprobs=ref, sampler_logprobs=sampler)
+            # A filler pass only keeps this rank's collectives in step with the others: zero weight.
+            (out.loss if real else out.loss * 0.0).backward()
+            outputs.append((out, real))
+            if real:
+                ran_tokens += int(batch.attention_mask.sum())
+                m = mask.bool()
+                if m.any():
+                    diff_max = max(diff_max, float((old[m] - sampler[m]).abs().max()))
+        self._last_grad_norm = self._clip_gradients()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return outputs, ran_tokens, diff_max
+
+    def _clip_gradients(self) -> float:
+        """The global L2 norm of the LoRA gradients over all ranks; scales them to max_grad_norm if above."""
+        from torch.distributed.tensor import DTensor
+
+        grads = [p.grad for p in self.params if p.grad is not None]
+        # Under FSDP2 each gradient is a DTensor holding this rank's disjoint shard: the squares of the
+        # local shards, summed over ranks, are the squares of the full gradients.
+        local = sum((g.to_local() if isinstance(g, DTensor) else g).double().pow(2).sum().item() for g in grads)
+        norm = math.sqrt(dist.all_reduce([local])[0])
+        limit = self.train.max_grad_norm
+        if limit is not None and norm > limit:
+            scale = limit / (norm + 1e-6)
+            for g in grads:
+                g.mul_(scale)
+        return norm
+
+    def _require_setup(self) -> None:
+        if self.optimizer is None:
+            raise RuntimeError("call setup(master_addr, master_port) on every rank before training")
+
+    # ------------------------------------------------------------------------------------- the adapter
+    def gather_adapter(self) -> dict[str, torch.Tensor] | None:
+        """The full LoRA tensors under peft's saved key names, on the CPU, on rank 0 (None elsewhere);
+        collective. The keys equal `lora.adapter_tensors()` of the same model unsharded."""
+        self._require_setup()
+        if not self._fsdp:
+            # adapter_tensors() returns the live weights themselves on the CPU: a snapshot must not move.
+            return {k: v.clone() for k, v in adapter_tensors(self.model).items()}
+        from peft import get_peft_model_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=True))
+        if self.rank != 0:
+            return None
+        # peft's own renaming (it drops the adapter name, ".default"), applied to the gathered tensors.
+        return {k: v.contiguous() for k, v in get_peft_model_state_dict(self.model, state_dict=full).items()}
+
+    def publish(self, store_root: str) -> int:
+        """Gather the adapter and publish it as the store's next version (rank 0 writes); collective.
+        Returns the version on every rank."""
+        from sync import AdapterStore
+
+        tensors = self.gather_adapter()
+        version = None
+        if self.rank == 0:
+            version = AdapterStore(store_root).publish(tensors, adapter_config(self.model))
+        self.adapter_version = dist.broadcast_object(version)
+        return self.adapter_version
+
+    def gather_state(self) -> dict[str, Any] | None:
+        """Full (unsharded) LoRA weights and optimizer state on rank 0, None elsewhere; collective.
+        For inspection and tests: a checkpoint saves the shards without gathering them."""
+        self._require_setup()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=StateDictOptions(
+            full_state_dict=self._fsdp, cpu_offload=True, ignore_frozen_params=True))
+        if self.rank != 0:
+            return None
+        detach = lambda x: x.detach().cpu().clone() if torch.is_tensor(x) else x  # noqa: E731
+        return {"model": {k: detach(v) for k, v in model_sd.items()},
+                "optim": {"state": {k: {n: detach(v) for n, v in s.items()} for k, s in optim_sd["state"].items()},
+                          "param_groups": optim_sd["param_groups"]},
+                "step": self.step}
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, root: str, *, data_cursor: Any = None, state: dict | None = None,
+                        keep_last: int = 2) -> str:
+        """Checkpoint LoRA weights, optimizer state, step, adapter version, `data_cursor`, `state` (anything
+        else the caller needs to resume) and each rank's random state; collective. Returns its folder."""
+        self._require_setup()
+        trainer_state = {"adapter_version": self.adapter_version, "data_cursor": data_cursor, "state": state,
+                         "train_config": dataclasses.asdict(self.train)}
+        return checkpoint.save(root, self.step, self.model, self.optimizer, trainer_state, keep_last).path
+
+    def load_checkpoint(self, root: str) -> dict[str, Any] | None:
+        """Resume from the latest complete checkpoint under root; collective. Returns {"step", "path",
+        "adapter_version", "data_cursor", "state"} as saved, or None when root holds no checkpoint.
+        Publish the adapter again before rolling out: the store may hold versions from after the checkpoint."""
+        self._require_setup()
+        found = checkpoint.load(root, self.model, self.optimizer)
+        if found is None:
+            return None
+        info, saved = found
+        self.step = info.step
+        self.adapter_version = saved["adapter_version"]
+        return {"step": info.step, "path": info.path, "adapter_version": saved["adapter_version"],
+                "data_cursor": saved["data_cursor"], "state": saved["state"]}
+
+
+class TrainGroup:
+    """`world_size` TrainWorker Ray actors in one process group, driven from this process.
+
+    Needs `ray.init` first. Each rank gets a placement-group bundle of `cpus_per_rank` CPUs and, when the
+    cluster has GPUs (or `gpus_per_rank` says so), one GPU; PACK keeps the ranks on as few nodes as fit.
+    """
+
+    def __init__(self, model_path: str, world_size: int = 2, *, lora: LoraSettings | None = None,
+                 algorithm: AlgorithmConfig | None = None, train: TrainConfig | None = None,
+                 adapter_path: str | None = None, dtype: str = "auto", cpus_per_rank: float = 1,
+                 gpus_per_rank: float | None = None, ready_timeout_s: float = 600):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if gpus_per_rank is None:
+            gpus_per_rank = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+        bundle = {"CPU": cpus_per_rank, **({"GPU": gpus_per_rank} if gpus_per_rank else {})}
+        self.world_size = world_size
+        self.step = 0
+        self.workers: list = []
+        self._pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+        try:
+            ray.get(self._pg.ready(), timeout=ready_timeout_s)
+            actor = ray.remote(TrainWorker)
+            self.workers = [
+                actor.options(num_cpus=cpus_per_rank, num_gpus=gpus_per_rank,
+                              scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, r)).remote(
+                    model_path, lora=lora, algorithm=algorithm, train=train, adapter_path=adapter_path,
+                    rank=r, world_size=world_size, dtype=dtype)
+                for r in range(world_size)
+            ]
+            addr, port = ray.get(self.workers[0].rendezvous_address.remote())
+            ray.get([w.setup.remote(addr, port) for w in self.workers])
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _all(self, method: str, *args, **kwargs) -> list:
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+
+    def train_step(self, trajectories: Sequence, advantages) -> dict[str, float]:
+        import ray
+
+        if torch.is_tensor(advantages):
+            advantages = advantages.tolist()
+        # One copy in the object store, read by every rank.
+        metrics = self._all("train_step", ray.put(list(trajectories)), ray.put([float(a) for a in advantages]))[0]
+        self.step = int(metrics["step"])
+        return metrics
+
+    def gather_adapter(self) -> dict[str, torch.Tensor]:
+        return self._all("gather_adapter")[0]
+
+    def publish(self, store_root: str) -> int:
+        return self._all("publish", os.fspath(store_root))[0]
+
+    def gather_state(self) -> dict[str, Any]:
+        return self._all("gather_state")[0]
+
+    def save_checkpoint(self, root: str, *, data_cursor: Any = None, state: dict | None = None,
+                        keep_last: int = 2) -> str:
+        """As TrainWorker.save_checkpoint, plus this (driver) process's random state."""
+        wrapped = {"driver_rng": checkpoint.rng_state(), "state": state}
+        return self._all("save_checkpoint", os.fspath(root), data_cursor=data_cursor, state=wrapped,
+                         keep_last=keep_last)[0]
+
+    def load_checkpoint(self, root: str) -> dict[str, Any] | None:
+        resumed = self._all("load_checkpoint", os.fspath(root))[0]
+        if resumed is None:
+            return None
+        checkpoint.set_rng_state(resumed["state"]["driver_rng"])
+        resumed["state"] = resumed["state"]["state"]
+        self.step = resumed["step"]
+        return resumed
+
+    def shutdown(self) -> None:
+        """Kill the actors and free their placement group; safe to call twice."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []
+        if self._pg is not None:
+            remove_placement_group(self._pg)
+            self._pg = None
+
+
+def _split(n: int, parts: int) -> list[list[int]]:
+    """0..n-1 in `parts` contiguous, near-equal mini-batches (fewer when n < parts)."""
+    parts = min(parts, n)
+    bounds = [n * k // parts for k in range(parts + 1)]
+    return [list(range(bounds[k], bounds[k + 1])) for k in range(parts)]
+
+
+def _shard(indices: list[int], lengths: dict[int, int], world_size: int) -> list[list[int]]:
+    """Longest first, each to the rank with the fewest tokens so far (ties: lowest rank): deterministic."""
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+        r = min(range(world_size), key=lambda r: (load[r], r))
+        shares[r].append(i)
+        load[r] += lengths[i]
+    return shares
+
+
+def _micro_batches(indices: list[int], lengths: dict[int, int], size: int) -> list[list[int]]:
+    """Neighbours in length share a micro-batch, which keeps right-padding small."""
+    ordered = sorted(indices, key=lambda i: (-lengths[i], i))
+    return [ordered[k:k + size] for k in range(0, len(ordered), size)]

@@ -1,0 +1,226 @@
+"""The trainer (grpo/train_worker.py): config, micro-batching, mini-batches, FSDP on 2 Ray ranks against one
+process, resume on 2 ranks, and the gathered adapter in peft and vLLM."""
+import math
+import random
+
+import pytest
+import torch
+
+from _fixtures_train import advantages, max_abs_diff, tiny_vl, trajectories  # noqa: F401 (fixture)
+from grpo import forward
+from grpo.config import AlgorithmConfig, ConfigError
+from grpo.lora import LoraSettings, apply_lora, randomize_adapter
+from grpo.train_config import TrainConfig
+from grpo.train_worker import TrainGroup, TrainWorker
+
+ALGO = AlgorithmConfig(kl_coef=0.1)
+
+
+def comparable(micro_batch_size: int, **kw) -> TrainConfig:
+    """Adam's first update is lr * g / (|g| + eps): with the default eps that is lr * sign(g), which turns
+    rounding-level differences in near-zero gradient entries into lr-sized ones. lr = eps = 1 makes the
+    update about the gradient itself, so comparing weights compares gradients through the real optimizer
+    path. max_grad_norm is below the gradients' norm (about 1.5), so clipping is part of it."""
+    return TrainConfig(lr=1.0, adam_eps=1.0, max_grad_norm=0.5, micro_batch_size=micro_batch_size, **kw)
+
+
+@pytest.fixture(scope="module")
+def start_adapter(tiny_vl, tmp_path_factory) -> str:
+    """A random adapter: from peft's (B = 0) every lora_A gradient would be zero on the first step."""
+    model = apply_lora(forward.load_model(tiny_vl), LoraSettings(rank=4, alpha=8))
+    randomize_adapter(model, seed=1, scale=0.1)
+    path = tmp_path_factory.mktemp("start-adapter")
+    model.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("lr", 0.0), ("lr", "1e-5"), ("weight_decay", -0.1), ("betas", (0.9,)), ("betas", (0.9, 1.0)),
+    ("warmup_steps", 1.5), ("schedule", "linear"), ("total_steps", 0), ("max_grad_norm", 0.0),
+    ("micro_batch_size", 0), ("updates_per_batch", True), ("temperature", 0.0), ("seed", -1),
+])
+def test_bad_config_values_name_the_field(field, value):
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(**{field: value})
+    assert e.value.field == f"TrainConfig.{field}"
+    assert repr(value) in str(e.value)
+
+
+def test_cosine_needs_a_length_beyond_warmup():
+    with pytest.raises(ConfigError, match="TrainConfig.total_steps"):
+        TrainConfig(schedule="cosine", warmup_steps=10, total_steps=10)
+
+
+def test_learning_rate_schedule():
+    constant = TrainConfig(lr=1.0, warmup_steps=4)
+    assert [constant.lr_at(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    cosine = TrainConfig(lr=2.0, warmup_steps=2, schedule="cosine", total_steps=6, min_lr_ratio=0.5)
+    lrs = [cosine.lr_at(s) for s in range(8)]
+    assert lrs[:3] == [1.0, 2.0, 2.0]
+    assert lrs[4] == pytest.approx(1.5) and lrs[6] == pytest.approx(1.0) and lrs[7] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[1:], lrs[2:]))
+
+
+def test_micro_batches_do_not_change_the_update(tiny_vl, start_adapter):
+    one = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(7), adapter_path=start_adapter)
+    four = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
+    before = one.gather_adapter()
+    batch, adv = trajectories(one.processor, 7), advantages(7)
+    m1, m4 = one.train_step(batch, adv), four.train_step(batch, adv)
+    after = one.gather_adapter()
+    assert max_abs_diff(after, four.gather_adapter()) <= 1e-6
+    assert max_abs_diff(after, before) > 1e-2  # it did train
+    assert m1["grad_norm"] > 0.5  # clipped
+    for name in ("loss", "grad_norm", "kl", "sampler_abs_diff", "sampler_abs_diff_max", "generated_tokens"):
+        assert m1[name] == pytest.approx(m4[name], rel=1e-5, abs=1e-7), name
+    assert m1["generated_tokens"] == sum(t.num_generated for t in batch)
+    assert m1["kl"] > 1e-3  # the random adapter is not the base model, which the adapter-off pass scored
+
+
+def test_updates_per_batch(tiny_vl, start_adapter):
+    config = lambda mbs: comparable(mbs, updates_per_batch=2)  # noqa: E731
+    a = TrainWorker(tiny_vl, algorithm=ALGO, train=config(4), adapter_path=start_adapter)
+    b = TrainWorker(tiny_vl, algorithm=ALGO, train=config(1), adapter_path=start_adapter)
+    single = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(4), adapter_path=start_adapter)
+    batch, adv = trajectories(a.processor, 6, seed=3), advantages(6, seed=3)
+    ma, mb, ms = a.train_step(batch, adv), b.train_step(batch, adv), single.train_step(batch, adv)
+    assert ma["updates"] == 2 and ms["updates"] == 1
+    assert max_abs_diff(a.gather_adapter(), b.gather_adapter()) <= 1e-6
+    # The second mini-batch runs on updated weights against old logprobs scored before the first update.
+    assert abs(ma["ratio_mean"] - 1.0) > 1e-3 and ms["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    # The sync alarm compares vLLM with the weights the batch was sampled from, in both modes.
+    assert ma["sampler_abs_diff"] == pytest.approx(ms["sampler_abs_diff"], rel=1e-6)
+    assert ma["sampler_abs_diff_max"] == pytest.approx(ms["sampler_abs_diff_max"], rel=1e-6)
+
+
+def test_batch_without_generated_tokens_is_skipped(tiny_vl):
+    worker = TrainWorker(tiny_vl, train=TrainConfig(lr=1.0, warmup_steps=2))
+    batch = trajectories(worker.processor, 2, turns=1)
+    for traj in batch:
+        seg = traj.segments[0]
+        seg.loss_mask = [0] * len(seg.loss_mask)
+        seg.sampler_logprobs = [0.0] * len(seg.loss_mask)
+    before = worker.gather_adapter()
+    metrics = worker.train_step(batch, [1.0, -1.0])
+    assert metrics["skipped"] == 1.0 and metrics["step"] == 1.0 and metrics["lr"] == 0.5
+    assert max_abs_diff(before, worker.gather_adapter()) == 0.0
+    with pytest.raises(ValueError, match="one per trajectory"):
+        worker.train_step(batch, [1.0])
+
+
+# ------------------------------------------------------------------------------------- 2 ranks, Ray
+@pytest.fixture(scope="module")
+def ray_session(tmp_path_factory):
+    import ray
+
+    ray.init(_temp_dir=str(tmp_path_factory.mktemp("ray")), include_dashboard=False, num_cpus=2,
+             log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(ray_session, tiny_vl, start_adapter, tmp_path_factory):
+    """Three steps on 2 FSDP ranks with a checkpoint after the second, one process beside the first step,
+    then new ranks that resume from the checkpoint and redo the third step; those stay up for the tests."""
+    root = tmp_path_factory.mktemp("two-ranks")
+    processor = forward.load_processor(tiny_vl)
+    batches = [(trajectories(processor, 7, seed=s), advantages(7, seed=s)) for s in range(3)]
+    run = {"root": root}
+    group = TrainGroup(tiny_vl, 2, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
+    try:
+        single = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(64), adapter_path=start_adapter)
+        run["metrics"] = (group.train_step(*batches[0]), single.train_step(*batches[0]))
+        run["adapters"] = (group.gather_adapter(), single.gather_adapter())
+        group.train_step(*batches[1])
+        random.seed(123)
+        group.save_checkpoint(root / "ckpt", data_cursor=14, state={"note": "after two"})
+        run["driver_draw"] = random.random()
+        group.train_step(*batches[2])
+        run["straight"] = group.gather_state()
+    finally:
+        group.shutdown()
+    random.seed(456)
+    resumed = TrainGroup(tiny_vl, 2, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
+    try:
+        run["resumed_info"] = resumed.load_checkpoint(root / "ckpt")
+        run["resumed_draw"] = random.random()
+        resumed.train_step(*batches[2])
+        run["resumed"] = resumed.gather_state()
+        run["group"] = resumed
+        yield run
+    finally:
+        resumed.shutdown()
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_match_one_process(two_ranks):
+    (m2, m1), (a2, a1) = two_ranks["metrics"], two_ranks["adapters"]
+    assert a2.keys() == a1.keys()  # peft's key names, no ".default"
+    assert all(".default" not in k for k in a2)
+    assert max_abs_diff(a2, a1) <= 1e-5
+    for name in ("loss", "grad_norm", "kl", "clip_fraction", "sampler_abs_diff", "sampler_abs_diff_max",
+                 "generated_tokens", "sequences"):
+        assert m2[name] == pytest.approx(m1[name], rel=1e-5, abs=1e-7), name
+
+
+@pytest.mark.slow
+def test_resume_on_new_ranks_is_bitwise(two_ranks):
+    info, straight, resumed = two_ranks["resumed_info"], two_ranks["straight"], two_ranks["resumed"]
+    assert info["step"] == 2 and info["data_cursor"] == 14 and info["state"] == {"note": "after two"}
+    assert two_ranks["resumed_draw"] == two_ranks["driver_draw"]  # the driver's random state came back
+    assert straight["step"] == resumed["step"] == 3
+    assert straight["model"].keys() == resumed["model"].keys()
+    for k, v in straight["model"].items():
+        assert torch.equal(v, resumed["model"][k]), k
+    assert straight["optim"]["state"].keys() == resumed["optim"]["state"].keys()
+    for k, state in straight["optim"]["state"].items():
+        for n, v in state.items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(resumed["optim"]["state"][k][n])), (k, n)
+    assert straight["optim"]["param_groups"] == resumed["optim"]["param_groups"]
+
+
+@pytest.mark.slow
+def test_gathered_adapter_serves_in_vllm_and_peft(two_ranks, tiny_vl, tmp_path):
+    from rollout import runtime
+
+    runtime.configure(tmp_path / "run")
+    from peft import PeftModel
+
+    from rollout.engine import EngineConfig
+    from rollout.worker import RolloutConfig, RolloutWorker, Task
+    from sync import AdapterStore
+
+    group, store = two_ranks["group"], tmp_path / "store"
+    version = group.publish(store)
+    assert version == 1
+    worker = RolloutWorker(EngineConfig(model=tiny_vl, max_lora_rank=8), store_root=str(store))
+    try:
+        assert worker.sync_adapter(version) == version
+        tasks = [Task("maze", s, {"size": 7, "max_turns": 2}) for s in range(2)]
+        batch, _ = worker.rollout(tasks, 2, RolloutConfig(temperature=1.0, max_tokens_per_turn=6, history="full"))
+    finally:
+        worker.shutdown()
+    assert sum(t.num_generated for t in batch) > 0
+
+    # The trainer's own alarm: its logprobs of what vLLM sampled, on the weights it just published.
+    metrics = group.train_step(batch, [0.0] * len(batch))
+    assert metrics["sampler_abs_diff_max"] <= 1e-4
+
+    processor = forward.load_processor(tiny_vl)
+    base = forward.load_model(tiny_vl)
+    peft_model = PeftModel.from_pretrained(base, AdapterStore(store).verify(version).path).eval()
+    seqs = [forward.expand(processor, s.token_ids, s.images, [torch.tensor(s.loss_mask), torch.tensor(s.sampler_logprobs)])
+            for t in batch for s in t.segments]
+    b = forward.collate(processor, seqs, forward.tokenizer_of(processor).pad_token_id)
+    mask = b.per_token[0].bool()
+    with torch.no_grad():
+        lp = forward.token_logprobs(peft_model, b, b.per_token[0])
+        with peft_model.disable_adapter():
+            base_lp = forward.token_logprobs(peft_model, b, b.per_token[0])
+    assert float((lp[mask] - b.per_token[1][mask]).abs().max()) <= 1e-4
+    # The check can fail: the base model's logprobs are far from what the adapter sampled.
+    assert float((base_lp[mask] - b.per_token[1][mask]).abs().max()) > 1e-2
+    assert math.isfinite(metrics["loss"])
