@@ -85,6 +85,15 @@ class ChatFormat:
             close = close[1:]
         return close + suffix
 
+    def action_text(self, generated: list[int]) -> str:
+        """What the env receives: the sampled ids decoded, without the end-of-turn token.
+
+        Decoded from the ids themselves, not vLLM's streamed text, which holds back a trailing incomplete
+        UTF-8 sequence: the env must see exactly what the trajectory's ids say.
+        """
+        ids = generated[:-1] if generated and generated[-1] in self.eos_ids else generated
+        return self.tok.decode(ids)
+
     def drop_images(self, ids: list[int]) -> list[int]:
         """The same ids with every image placeholder (and its vision start/end markers) removed."""
         return [i for i in ids if i not in self.vision_ids]

@@ -37,6 +37,7 @@ class Trajectory:
     adapter_version: int | None     # the adapter vLLM sampled with (None: the base model)
     success: bool = False
     parse_errors: int = 0
+    actions: list[str] = field(default_factory=list)  # the text the env received each turn
     info: dict = field(default_factory=dict)
 
     @property

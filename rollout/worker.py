@@ -54,6 +54,7 @@ class _Episode:
         self.first = env.reset(task.seed)
         self.segments: list[Segment] = []
         self.turn_rewards: list[float] = []
+        self.actions: list[str] = []
         self.parse_errors = 0
         self.success = False
         self.stop_reason: str | None = None
@@ -72,7 +73,9 @@ class _Episode:
         self.ids += gen.token_ids
         self.mask += [1] * len(gen.token_ids)
         self.lps += gen.logprobs
-        result = self.env.step(gen.text)
+        action = self.chat.action_text(gen.token_ids)
+        self.actions.append(action)
+        result = self.env.step(action)
         self.turn_rewards.append(float(result.reward))
         info = result.info or {}
         self.parse_errors += int(bool(info.get("parse_error")))
@@ -108,7 +111,7 @@ class _Episode:
             task_id=self.task.task_id, group_id=self.group_id, seed=self.task.seed, segments=self.segments,
             turn_rewards=self.turn_rewards, num_turns=len(self.turn_rewards), stop_reason=self.stop_reason,
             adapter_version=adapter_version, success=self.success, parse_errors=self.parse_errors,
-            info=dict(self.info),
+            actions=self.actions, info=dict(self.info),
         )
 
 

@@ -1,0 +1,37 @@
+"""Shared fixtures. Every cache and temp folder of vLLM, Ray and Hugging Face goes under one session folder
+that is removed at the end, never under the home folder."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from rollout import runtime
+
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="grpo-tests-"))
+runtime.configure(_SESSION_DIR)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_SESSION_DIR, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def session_dir() -> Path:
+    return _SESSION_DIR
+
+
+@pytest.fixture(scope="session")
+def tiny_vl(session_dir) -> Path:
+    from grpo import tiny_models
+
+    return tiny_models.build("vl", session_dir / "models" / "tiny-vl", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_text(session_dir) -> Path:
+    from grpo import tiny_models
+
+    return tiny_models.build("text", session_dir / "models" / "tiny-text", seed=0)
