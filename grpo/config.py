@@ -13,7 +13,9 @@ from typing import Any, Optional, Sequence
 
 class ConfigError(ValueError):
     def __init__(self, config: Any, name: str, value: Any, allowed: str):
-        self.field = f"{type(config).__name__}.{name}"
+        # A class name stands in for the config when the error is about building one (an unknown field).
+        owner = config if isinstance(config, str) else type(config).__name__
+        self.field = f"{owner}.{name}"
         self.value = value
         self.allowed = allowed
         super().__init__(f"{self.field}={value!r} is not allowed: {allowed}")

@@ -1,0 +1,137 @@
+"""Rollout throughput: the multi-turn worker against plain `LLM.generate` replaying its exact engine calls.
+
+    python benchmarks/rollout.py [--quick] [--model PATH]
+
+The worker runs maze episodes (all live episodes in one engine call per turn); every call it makes is
+recorded, then replayed through the same vLLM engine with nothing else around it: same prompt ids, same
+images, same adapter, and as many tokens per request as the worker got (ignore_eos, so the budgets match).
+Both sides alternate, best-of-N each, in one process: `ratio` = worker / raw is the bookkeeping overhead.
+The last line printed is one JSON object; it is also written to benchmarks/results/rollout[-quick].json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a small batch (about a minute)")
+    ap.add_argument("--model", help="a vision-language model folder (default: the tiny Qwen3-VL)")
+    ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench-rollout"))
+    ap.add_argument("--repeats", type=int, default=None)
+    a = ap.parse_args(argv)
+
+    from rollout import runtime
+
+    run_dir = Path(a.run_dir).resolve()
+    runtime.configure(run_dir)
+    import torch
+
+    from grpo import forward, lora, tiny_models
+    from rollout.engine import EngineConfig
+    from rollout.worker import RolloutConfig, RolloutWorker, Task
+    from sync import AdapterStore
+
+    tasks_n, group, max_turns, repeats = (8, 4, 8, 2) if a.quick else (16, 8, 30, 3)
+    repeats = a.repeats or repeats
+    model_path = a.model or str(tiny_models.build("vl", run_dir / "models" / "tiny-vl", seed=0))
+    store = AdapterStore(run_dir / "store", keep_last=1)
+    peft_model = lora.apply_lora(forward.load_model(model_path), lora.LoraSettings(rank=8, alpha=16.0))
+    lora.randomize_adapter(peft_model, seed=5)
+    version = store.publish(lora.adapter_tensors(peft_model), lora.adapter_config(peft_model))
+
+    worker = RolloutWorker(EngineConfig(model=model_path, max_lora_rank=8, max_model_len=2048),
+                           store_root=str(store.root), worker_id="bench")
+    worker.sync_adapter(version)
+    options = {"size": 9, "max_turns": max_turns}
+    cfg = RolloutConfig(temperature=1.0, max_tokens_per_turn=12, history="none")
+    tasks = [Task("maze", 2_000_000 + i, options) for i in range(tasks_n)]
+
+    calls = []
+    generate = worker.engine.generate
+
+    def recording(requests, sampling, use_adapter=True):
+        out = generate(requests, sampling, use_adapter)
+        calls.append((requests, sampling, [len(g.token_ids) for g in out]))
+        return out
+
+    worker.engine.generate = recording
+    worker.rollout(tasks[:2], 2, cfg)  # warm-up: vLLM's first calls are several times slower
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from sync.hotload import HotLoader
+
+    lora_request = HotLoader.request(worker.engine.adapters.current)
+    llm = worker.engine.llm
+
+    def replay(recorded) -> tuple[float, int]:
+        t0, tokens = time.perf_counter(), 0
+        for requests, sampling, lengths in recorded:
+            prompts = []
+            for r in requests:
+                p = TokensPrompt(prompt_token_ids=list(r.prompt_ids))
+                if r.images:
+                    p["multi_modal_data"] = {"image": list(r.images)}
+                prompts.append(p)
+            params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=n,
+                                     min_tokens=n, ignore_eos=True, logprobs=0) for n in lengths]
+            outs = llm.generate(prompts, params, lora_request=lora_request, use_tqdm=False)
+            tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+        return time.perf_counter() - t0, tokens
+
+    worker_runs, raw_runs, trajs, stats = [], [], None, None
+    for _ in range(repeats):
+        calls.clear()
+        trajs, stats = worker.rollout(tasks, group, cfg)
+        worker_runs.append(stats.generated_tokens / stats.wall_s)
+        recorded = list(calls)
+        raw_s, raw_tokens = replay(recorded)
+        assert raw_tokens == stats.generated_tokens, (raw_tokens, stats.generated_tokens)
+        raw_runs.append(raw_tokens / raw_s)
+
+    # Parity on what the worker produced: the trainer's forward against vLLM's sampled logprobs.
+    processor = worker.processor
+    peft_model.eval()
+    diffs = []
+    segments = [s for t in trajs for s in t.segments]
+    for i in range(0, len(segments), 16):
+        seqs = [forward.expand(processor, s.token_ids, s.images,
+                               [torch.tensor(s.loss_mask), torch.tensor(s.sampler_logprobs)])
+                for s in segments[i:i + 16]]
+        batch = forward.collate(processor, seqs, forward.tokenizer_of(processor).pad_token_id)
+        with torch.no_grad():
+            lp = forward.token_logprobs(peft_model, batch, mask=batch.per_token[0])
+        m = batch.per_token[0].bool()
+        diffs.append((lp[m] - batch.per_token[1][m]).abs().max().item())
+
+    best_worker, best_raw = max(worker_runs), max(raw_runs)
+    result = {
+        "benchmark": "rollout", "quick": a.quick, "model": "tiny-vl" if not a.model else a.model,
+        "episodes": stats.episodes, "turns": stats.turns, "engine_calls": stats.engine_calls,
+        "generated_tokens": stats.generated_tokens, "prompt_tokens": stats.prompt_tokens,
+        "worker_tokens_per_s": round(best_worker, 1), "raw_tokens_per_s": round(best_raw, 1),
+        "ratio": round(best_worker / best_raw, 3),
+        "worker_runs": [round(x, 1) for x in worker_runs], "raw_runs": [round(x, 1) for x in raw_runs],
+        "logprob_max_abs_diff": max(diffs),
+        "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
+                    "device": runtime.device()},
+    }
+    out = ROOT / "benchmarks" / "results" / ("rollout-quick.json" if a.quick else "rollout.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""The driver's handle on the rollout workers: Ray actors, one vLLM engine each, fed slices of a batch."""
+from __future__ import annotations
+
+import os
+
+from rollout.engine import EngineConfig
+from rollout.trajectory import RolloutStats, Trajectory
+from rollout.worker import RolloutConfig, RolloutWorker, Task
+
+
+class RolloutPool:
+    def __init__(self, engine_config: EngineConfig, store_root: str, run_dir: str, workers: int = 1,
+                 gpus_per_worker: float = 0.0):
+        import ray
+
+        env_vars = {}
+        if not gpus_per_worker:
+            # The trainer ranks idle while the engine generates, so the engine gets every core of the node
+            # (Ray would otherwise pin a 1-CPU actor to one OpenMP thread).
+            env_vars["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)
+        actor = ray.remote(RolloutWorker).options(num_cpus=1, num_gpus=gpus_per_worker,
+                                                  runtime_env={"env_vars": env_vars})
+        self.workers = [actor.remote(engine_config, store_root=store_root, worker_id=f"rollout-{i}",
+                                     run_dir=run_dir) for i in range(workers)]
+        self._ray = ray
+
+    def _all(self, method: str, *args) -> list:
+        return self._ray.get([getattr(w, method).remote(*args) for w in self.workers])
+
+    def sync_adapter(self, version: int) -> None:
+        served = self._all("sync_adapter", version)
+        if any(v != version for v in served):
+            raise RuntimeError(f"rollout workers serve adapter versions {served}, expected {version}")
+
+    def sleep(self) -> None:
+        self._all("sleep")
+
+    def wake_up(self) -> None:
+        self._all("wake_up")
+
+    def rollout(self, tasks: list[Task], group_size: int, config: RolloutConfig,
+                greedy: bool = False) -> tuple[list[Trajectory], RolloutStats]:
+        """Tasks split into contiguous slices, one per worker; group ids renumbered batch-wide."""
+        n = len(self.workers)
+        bounds = [len(tasks) * k // n for k in range(n + 1)]
+        slices = [(bounds[k], tasks[bounds[k]:bounds[k + 1]]) for k in range(n)]
+        refs = [w.rollout.remote(part, group_size, config, greedy) for w, (_, part) in zip(self.workers, slices)
+                if part]
+        results = self._ray.get(refs)
+        trajs: list[Trajectory] = []
+        for (offset, part), (chunk, _) in zip([s for s in slices if s[1]], results):
+            for t in chunk:
+                t.group_id += offset
+            trajs.extend(chunk)
+        return trajs, merge_stats([s for _, s in results])
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            self._ray.kill(w)
+        self.workers = []
+
+
+def merge_stats(parts: list[RolloutStats]) -> RolloutStats:
+    if len(parts) == 1:
+        return parts[0]
+    episodes = sum(p.episodes for p in parts)
+    weighted = lambda attr: sum(getattr(p, attr) * p.episodes for p in parts) / max(episodes, 1)  # noqa: E731
+    reasons: dict = {}
+    for p in parts:
+        for k, v in p.stop_reasons.items():
+            reasons[k] = reasons.get(k, 0) + v
+    return RolloutStats(
+        episodes=episodes, turns=sum(p.turns for p in parts),
+        generated_tokens=sum(p.generated_tokens for p in parts), prompt_tokens=sum(p.prompt_tokens for p in parts),
+        engine_calls=sum(p.engine_calls for p in parts), wall_s=max(p.wall_s for p in parts),
+        engine_s=max(p.engine_s for p in parts), success_rate=weighted("success_rate"),
+        mean_reward=weighted("mean_reward"), mean_turns=weighted("mean_turns"),
+        parse_errors=sum(p.parse_errors for p in parts), stop_reasons=reasons,
+    )

@@ -1,0 +1,272 @@
+"""The whole run's configuration: typed sections, loadable from YAML, overridable from the command line.
+
+    config = RunConfig.from_yaml("examples/maze/cpu.yaml", overrides=["--algo.clip_high", "0.28"])
+
+Every section validates itself when built, so a bad value fails before Ray or vLLM start, with an error
+that names the field (`algorithm.clip_low`), the value and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from grpo.config import AlgorithmConfig, ConfigError, check_bool, check_number, require
+from grpo.lora import LoraSettings
+from grpo.train_config import TrainConfig
+
+# Short names accepted on the command line and in YAML for the long section names.
+ALIASES = {"algo": "algorithm", "opt": "train"}
+
+
+def parse_seeds(spec) -> list[int]:
+    """"0-63", "0-3,10,20-21", a list of ints, or an int count meaning 0..n-1."""
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return list(range(spec))
+    if isinstance(spec, (list, tuple, range)):
+        return [int(s) for s in spec]
+    seeds: list[int] = []
+    for part in str(spec).split(","):
+        part = part.strip()
+        if "-" in part[1:]:
+            lo, hi = part.split("-", 1) if not part.startswith("-") else (part, part)
+            seeds.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            seeds.append(int(part))
+    return seeds
+
+
+@dataclass(frozen=True)
+class EnvSection:
+    name: str = "maze"
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        require(self, "name", isinstance(self.name, str) and bool(self.name), "a registered env name, e.g. 'maze'")
+        require(self, "options", isinstance(self.options, dict), "a mapping of the env's options")
+
+
+@dataclass(frozen=True)
+class RolloutSection:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens_per_turn: int = 32
+    stop: tuple = ()
+    history: str = "auto"
+    system_prompt: Optional[str] = None
+    max_model_len: int = 4096
+    kv_cache_memory_bytes: int = 512 << 20
+    gpu_memory_utilization: float = 0.4
+    dtype: str = "auto"
+
+    def __post_init__(self):
+        check_number(self, "temperature", gt=0, hint="training samples; greedy (0) is for evaluation")
+        check_number(self, "max_model_len", integer=True, ge=64)
+        check_number(self, "kv_cache_memory_bytes", integer=True, ge=1 << 20)
+        check_number(self, "gpu_memory_utilization", gt=0, le=1)
+        self.rollout_config()
+
+    def rollout_config(self):
+        from rollout.worker import RolloutConfig
+
+        try:
+            return RolloutConfig(temperature=self.temperature, top_p=self.top_p,
+                                 max_tokens_per_turn=self.max_tokens_per_turn, stop=tuple(self.stop),
+                                 history=self.history, system_prompt=self.system_prompt)
+        except ConfigError as e:
+            raise ConfigError(self, e.field.split(".")[-1], e.value, e.allowed) from None
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    seeds: Any = "0-63"          # the fixed evaluation set, greedy decoding
+    unseen_seeds: Any = None     # a second set the training never draws, reported at the end
+    every: int = 0               # evaluate every k steps (0: only before and after training)
+    target_success: Optional[float] = None  # stop training once eval success reaches it
+
+    def __post_init__(self):
+        try:
+            parse_seeds(self.seeds)
+            parse_seeds(self.unseen_seeds or [])
+        except ValueError:
+            raise ConfigError(self, "seeds", self.seeds, "a seed list like '0-63' or '0-3,10'") from None
+        check_number(self, "every", integer=True, ge=0)
+        check_number(self, "target_success", ge=0, le=1, optional=True)
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    every: int = 10   # steps between checkpoints; one is always written at the end
+    keep: int = 2
+
+    def __post_init__(self):
+        check_number(self, "every", integer=True, ge=1)
+        check_number(self, "keep", integer=True, ge=1)
+
+
+@dataclass(frozen=True)
+class ClusterSection:
+    address: Optional[str] = None   # an existing Ray cluster ("auto", "ray://..."); None starts one here
+    rollout_workers: int = 1        # one vLLM engine each (one per GPU on a cluster)
+    train_ranks: int = 2            # FSDP ranks
+    colocate: bool = True           # rollout engines share the trainer's devices (vLLM sleeps while training)
+
+    def __post_init__(self):
+        check_number(self, "rollout_workers", integer=True, ge=1)
+        check_number(self, "train_ranks", integer=True, ge=1)
+        check_bool(self, "colocate")
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    tensorboard: bool = True
+    prometheus_port: Optional[int] = None   # serve /metrics while running (Grafana scrapes it)
+    plots: bool = True
+
+    def __post_init__(self):
+        check_bool(self, "tensorboard")
+        check_number(self, "prometheus_port", integer=True, ge=1, le=65535, optional=True)
+
+
+SECTIONS = {
+    "env": EnvSection, "lora": LoraSettings, "algorithm": AlgorithmConfig, "train": TrainConfig,
+    "rollout": RolloutSection, "eval": EvalSection, "checkpoint": CheckpointSection,
+    "cluster": ClusterSection, "metrics": MetricsSection,
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: str = ""
+    output_dir: str = "runs/grpo"
+    steps: int = 100
+    tasks_per_step: int = 8
+    seed: int = 0
+    train_seed_offset: int = 1_000_000  # training draws task seeds from here on, away from eval seeds
+    adapter: Optional[str] = None       # start from this LoRA adapter folder instead of a fresh one
+    env: EnvSection = field(default_factory=EnvSection)
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    cluster: ClusterSection = field(default_factory=ClusterSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
+
+    def __post_init__(self):
+        # Plain dicts (YAML, keyword arguments) become their typed sections, and an env may be just a name.
+        for name, cls in SECTIONS.items():
+            value = getattr(self, name)
+            if name == "env" and isinstance(value, str):
+                value = {"name": value}
+            if isinstance(value, dict):
+                object.__setattr__(self, name, _build(cls, value, name))
+            elif not isinstance(value, cls):
+                raise ConfigError(self, name, value, f"a {cls.__name__} or a mapping of its fields")
+        require(self, "model", isinstance(self.model, str) and bool(self.model),
+                "the path of a local Hugging Face model folder")
+        check_number(self, "steps", integer=True, ge=0)
+        check_number(self, "tasks_per_step", integer=True, ge=1)
+        check_number(self, "seed", integer=True, ge=0)
+        check_number(self, "train_seed_offset", integer=True, ge=0)
+        held_out = set(self.eval_seeds) | set(self.unseen_seeds)
+        require(self, "train_seed_offset", self.train_seed_offset > max(held_out, default=-1),
+                f"larger than every eval seed ({max(held_out, default=-1)}), so training never draws them")
+
+    @property
+    def group_size(self) -> int:
+        return self.algorithm.group_size
+
+    @property
+    def eval_seeds(self) -> list[int]:
+        return parse_seeds(self.eval.seeds)
+
+    @property
+    def unseen_seeds(self) -> list[int]:
+        return parse_seeds(self.eval.unseen_seeds or [])
+
+    # ----------------------------------------------------------------------------------------- loading
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunConfig":
+        data = {ALIASES.get(k, k): v for k, v in (data or {}).items()}
+        return _build(cls, data, "")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] = ()) -> "RunConfig":
+        import yaml
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the top level must be a mapping of fields, got {type(data).__name__}")
+        apply_overrides(data, overrides)
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict:
+        return _plain(dataclasses.asdict(self))
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> None:
+    """`--algo.clip_high 0.28` or `--algo.clip_high=0.28`: values are read as YAML (numbers, lists, null)."""
+    import yaml
+
+    items = list(overrides)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        if not arg.startswith("--"):
+            raise ValueError(f"override {arg!r} is not of the form --section.field VALUE")
+        if "=" in arg:
+            key, raw = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(items):
+                raise ValueError(f"override {arg} has no value: write {arg} VALUE")
+            key, raw = arg[2:], items[i + 1]
+            i += 2
+        parts = [p.replace("-", "_") for p in key.split(".")]
+        parts[0] = ALIASES.get(parts[0], parts[0])
+        node = data
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override --{key}: {p} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+
+
+def _build(cls, data: dict, where: str):
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        section = f"the {where} section" if where else "the run config"
+        raise ConfigError(cls.__name__, unknown[0], data[unknown[0]],
+                          f"not a field of {section}; known fields: {', '.join(sorted(names))}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for k, v in data.items():
+        if isinstance(v, list) and _is_tuple(hints.get(k)):
+            v = tuple(v)
+        kwargs[k] = v
+    return cls(**kwargs)
+
+
+def _is_tuple(hint) -> bool:
+    return hint is tuple or typing.get_origin(hint) is tuple
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

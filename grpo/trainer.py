@@ -1,0 +1,239 @@
+"""grpo.Trainer: the GRPO loop over colocated rollout engines and FSDP LoRA trainer ranks.
+
+    trainer = grpo.Trainer(grpo.RunConfig(model="path/to/model", env="maze", steps=50))
+    summary = trainer.fit()
+
+One step: sample tasks -> rollouts with adapter v -> group advantages -> train step -> publish v+1 ->
+hot-load v+1 -> metrics -> checkpoint -> periodic eval. Kill it anywhere: the next fit() on the same
+output_dir resumes from the last complete checkpoint, and the last published adapter stays readable.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from grpo import checkpoint
+from grpo.advantages import group_advantages
+from grpo.metrics import MetricsSink, plot_curves
+from grpo.run_config import RunConfig
+from rollout import runtime
+from rollout.worker import Task
+
+
+class TaskSampler:
+    """Training tasks: seeds counted up from `offset`, so every maze is new and a cursor resumes exactly."""
+
+    def __init__(self, env: str, options: dict, offset: int, cursor: int = 0):
+        self.env, self.options, self.offset, self.cursor = env, dict(options), offset, cursor
+
+    def take(self, n: int) -> list[Task]:
+        tasks = [Task(self.env, self.offset + self.cursor + i, self.options) for i in range(n)]
+        self.cursor += n
+        return tasks
+
+
+class Trainer:
+    def __init__(self, config: RunConfig):
+        if not isinstance(config, RunConfig):
+            raise TypeError(f"Trainer takes a grpo.RunConfig, got {type(config).__name__}")
+        self.config = config
+        self.run_dir = Path(config.output_dir).resolve()
+        self._check_before_starting()
+        self.pool = self.group = self.sink = None
+        self._ray_tmp = None
+
+    def _check_before_starting(self) -> None:
+        """Everything that can be checked without Ray: a mistake here costs seconds, not a cluster start."""
+        import envs
+        from grpo.forward import check_model_dir
+
+        check_model_dir(self.config.model)
+        if self.config.adapter is not None and not (Path(self.config.adapter) / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"adapter={self.config.adapter!r} has no adapter_config.json: give the "
+                                    "folder a LoRA adapter was saved to (save_pretrained), or leave it unset")
+        envs.make(self.config.env.name, **self.config.env.options)
+
+    # -------------------------------------------------------------------------------------------- loop
+    def fit(self) -> dict:
+        cfg = self.config
+        self._start()
+        try:
+            state = self._resume_or_begin()
+            sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state["cursor"])
+            rollout_cfg = cfg.rollout.rollout_config()
+            progress = _progress(state["step"], cfg.steps)
+            for step in range(state["step"], cfg.steps):
+                t0 = time.perf_counter()
+                trajs, rstats = self.pool.rollout(sampler.take(cfg.tasks_per_step), cfg.group_size, rollout_cfg)
+                self._check_versions(trajs, state["version"])
+                adv, kept, zero = self._advantages(trajs)
+                t1 = time.perf_counter()
+                self.pool.sleep()
+                tstats = self.group.train_step([trajs[i] for i in kept], adv[kept])
+                t2 = time.perf_counter()
+                state["version"] = self.group.publish(self.store_root)
+                self.pool.wake_up()
+                self.pool.sync_adapter(state["version"])
+                t3 = time.perf_counter()
+                state["step"], state["cursor"] = step + 1, sampler.cursor
+                record = {"step": step + 1, "adapter_version": state["version"],
+                          "rollout": rstats.as_dict(), "train": tstats, "zero_signal_groups": zero,
+                          "time": {"rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0}}
+                if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+                    record["eval"] = state["evals"][str(step + 1)] = self.evaluate()
+                self.sink.log(record)
+                progress(record)
+                reached = _reached(record, cfg.eval.target_success)
+                if checkpoint.should_save(step + 1, cfg.checkpoint.every, cfg.steps) or reached:
+                    self._save(state, sampler)
+                if reached:
+                    break
+            return self._finish(state)
+        finally:
+            self.close()
+
+    def evaluate(self, seeds=None) -> dict:
+        """Greedy episodes on the fixed evaluation seeds with the adapter the workers serve now."""
+        seeds = list(seeds) if seeds is not None else self.config.eval_seeds
+        cfg = self.config
+        tasks = [Task(cfg.env.name, s, cfg.env.options) for s in seeds]
+        trajs, stats = self.pool.rollout(tasks, 1, cfg.rollout.rollout_config(), greedy=True)
+        return {"success_rate": stats.success_rate, "mean_turns": stats.mean_turns, "episodes": stats.episodes,
+                "solved_seeds": [t.seed for t in trajs if t.success]}
+
+    # ------------------------------------------------------------------------------------------ pieces
+    def _advantages(self, trajs) -> tuple[torch.Tensor, torch.Tensor, int]:
+        g = self.config.group_size
+        rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32).view(-1, g)
+        out = group_advantages(rewards, self.config.algorithm)
+        kept = torch.nonzero(out.keep.repeat_interleave(g)).flatten()
+        return out.advantages.flatten(), kept, int(out.zero_signal.sum())
+
+    def _check_versions(self, trajs, expected: int) -> None:
+        # The alarm for the worst silent failure: rollouts quietly sampling a stale adapter.
+        used = {t.adapter_version for t in trajs}
+        if used != {expected}:
+            raise RuntimeError(f"rollouts used adapter versions {sorted(used, key=str)}, expected {expected}: "
+                               "the hot-load after the last publish did not take effect")
+
+    def _resume_or_begin(self) -> dict:
+        resumed = self.group.load_checkpoint(self.checkpoint_root)
+        if resumed is not None:
+            state = resumed["state"]
+            print(f"[grpo] resumed from {resumed['path']} at step {state['step']}", file=sys.stderr)
+        else:
+            state = {"step": 0, "cursor": 0, "evals": {}, "wall_s": 0.0}
+        # Always a new version: the store may hold versions published after the checkpoint.
+        state["version"] = self.group.publish(self.store_root)
+        self.pool.sync_adapter(state["version"])
+        if "eval_before" not in state:
+            state["eval_before"] = self.evaluate()
+            print(f"[grpo] eval before training: {state['eval_before']['success_rate']:.1%}", file=sys.stderr)
+        state["started"] = time.time() - state["wall_s"]
+        return state
+
+    def _save(self, state: dict, sampler: TaskSampler) -> None:
+        state = dict(state, cursor=sampler.cursor, wall_s=time.time() - state["started"])
+        self.group.save_checkpoint(self.checkpoint_root, data_cursor=sampler.cursor, state=state,
+                                   keep_last=self.config.checkpoint.keep)
+
+    def _finish(self, state: dict) -> dict:
+        cfg = self.config
+        after = self.evaluate()
+        unseen = self.evaluate(cfg.unseen_seeds) if cfg.unseen_seeds else None
+        curve = plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png") if cfg.metrics.plots else None
+        summary = {
+            "eval_before": state["eval_before"]["success_rate"], "eval_after": after["success_rate"],
+            "unseen_after": unseen["success_rate"] if unseen else None, "steps": state["step"],
+            "grpo_wall_s": round(time.time() - state["started"], 1), "adapter_version": state["version"],
+            "adapter_path": str(Path(self.store_root) / "adapters" / f"v{state['version']:06d}"),
+            "evals": state["evals"], "eval_after_detail": after, "unseen_after_detail": unseen,
+            "curves_png": str(curve) if curve else None, "model": cfg.model,
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        return summary
+
+    # ------------------------------------------------------------------------------ start and teardown
+    @property
+    def store_root(self) -> str:
+        return str(self.run_dir / "store")
+
+    @property
+    def checkpoint_root(self) -> str:
+        return str(self.run_dir / "checkpoints")
+
+    def _start(self) -> None:
+        import ray
+
+        from grpo.rollout_pool import RolloutPool
+        from grpo.train_worker import TrainGroup
+        from rollout.engine import EngineConfig
+
+        cfg = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        runtime.configure(self.run_dir)
+        (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+        if not ray.is_initialized():
+            if cfg.cluster.address:
+                ray.init(address=cfg.cluster.address, log_to_driver=False)
+            else:
+                # Unix socket paths are limited to 107 bytes: Ray's session folder lives under /tmp.
+                self._ray_tmp = tempfile.mkdtemp(prefix="grpo-ray-", dir="/tmp")
+                cpus = max(os.cpu_count() or 1, cfg.cluster.train_ranks + cfg.cluster.rollout_workers)
+                ray.init(num_cpus=cpus, _temp_dir=self._ray_tmp, include_dashboard=False, log_to_driver=False)
+        gpus = ray.cluster_resources().get("GPU", 0) > 0
+        share = 0.5 if (gpus and cfg.cluster.colocate) else (1.0 if gpus else 0.0)
+        self.sink = MetricsSink(self.run_dir, cfg.metrics.tensorboard, cfg.metrics.prometheus_port)
+        r = cfg.rollout
+        engine = EngineConfig(model=cfg.model, dtype=r.dtype, max_model_len=r.max_model_len,
+                              max_lora_rank=cfg.lora.rank, seed=cfg.seed, kv_cache_memory_bytes=r.kv_cache_memory_bytes,
+                              gpu_memory_utilization=r.gpu_memory_utilization)
+        self.pool = RolloutPool(engine, self.store_root, str(self.run_dir), cfg.cluster.rollout_workers, share)
+        self.group = TrainGroup(cfg.model, cfg.cluster.train_ranks, lora=cfg.lora, algorithm=cfg.algorithm,
+                                train=cfg.train, adapter_path=cfg.adapter, gpus_per_rank=share)
+
+    def close(self) -> None:
+        import ray
+
+        for part in (self.pool, self.group):
+            if part is not None:
+                part.shutdown()
+        self.pool = self.group = None
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
+        if self._ray_tmp is not None:
+            ray.shutdown()
+            shutil.rmtree(self._ray_tmp, ignore_errors=True)
+            self._ray_tmp = None
+
+
+def _reached(record: dict, target) -> bool:
+    return target is not None and "eval" in record and record["eval"]["success_rate"] >= target
+
+
+def _progress(start: int, total: int):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, initial=start, desc="grpo", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+    def update(record: dict) -> None:
+        r, t = record["rollout"], record["train"]
+        shown = {"reward": f"{r['mean_reward']:.2f}", "success": f"{r['success_rate']:.0%}",
+                 "turns": f"{r['mean_turns']:.1f}", "mismatch": f"{t.get('sampler_abs_diff', 0):.1e}",
+                 "step_s": f"{record['time']['step_s']:.1f}"}
+        if "eval" in record:
+            shown["eval"] = f"{record['eval']['success_rate']:.0%}"
+        bar.set_postfix(shown, refresh=False)
+        bar.update(1)
+        if record["step"] >= total:
+            bar.close()
+
+    return update
