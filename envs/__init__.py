@@ -1,7 +1,7 @@
 """Environments: the interface, the registry and the built-in maze. Importing this stays light (no PIL)."""
 from envs.base import Env, Observation, StepResult
-from envs.registry import RegistryError, make, register, registered
+from envs.registry import RegistryError, factories, make, register, registered
 
 register("maze", "envs.maze:MazeEnv")
 
-__all__ = ["Env", "Observation", "StepResult", "RegistryError", "make", "register", "registered"]
+__all__ = ["Env", "Observation", "StepResult", "RegistryError", "factories", "make", "register", "registered"]

@@ -39,6 +39,11 @@ def registered() -> list[str]:
     return sorted(_factories)
 
 
+def factories() -> dict[str, Factory]:
+    """Every registration, to hand to another process (a Ray actor does not see this one's `register` calls)."""
+    return dict(_factories)
+
+
 def make(name: str, **options: Any) -> Env:
     """Build environment `name` with `options`; errors name the problem and list what is accepted."""
     if name not in _factories:

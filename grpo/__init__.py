@@ -17,4 +17,8 @@ def __getattr__(name):
         from grpo.trainer import Trainer
 
         return Trainer
+    if name == "tiny_models":
+        import importlib
+
+        return importlib.import_module("grpo.tiny_models")
     raise AttributeError(f"module 'grpo' has no attribute {name!r}")

@@ -13,6 +13,8 @@ class RolloutPool:
                  gpus_per_worker: float = 0.0):
         import ray
 
+        import envs
+
         env_vars = {}
         if not gpus_per_worker:
             # The trainer ranks idle while the engine generates, so the engine gets every core of the node
@@ -21,7 +23,8 @@ class RolloutPool:
         actor = ray.remote(RolloutWorker).options(num_cpus=1, num_gpus=gpus_per_worker,
                                                   runtime_env={"env_vars": env_vars})
         self.workers = [actor.remote(engine_config, store_root=store_root, worker_id=f"rollout-{i}",
-                                     run_dir=run_dir) for i in range(workers)]
+                                     run_dir=run_dir, env_factories=envs.factories())
+                        for i in range(workers)]
         self._ray = ray
 
     def _all(self, method: str, *args) -> list:

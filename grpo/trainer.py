@@ -83,7 +83,8 @@ class Trainer:
                 self.pool.sync_adapter(state["version"])
                 t3 = time.perf_counter()
                 state["step"], state["cursor"] = step + 1, sampler.cursor
-                record = {"step": step + 1, "adapter_version": state["version"],
+                record = {"step": step + 1, "rollout_adapter_version": rstats_version(trajs),
+                          "adapter_version": state["version"],
                           "rollout": rstats.as_dict(), "train": tstats, "zero_signal_groups": zero,
                           "time": {"rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0}}
                 if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
@@ -213,6 +214,10 @@ class Trainer:
             ray.shutdown()
             shutil.rmtree(self._ray_tmp, ignore_errors=True)
             self._ray_tmp = None
+
+
+def rstats_version(trajs) -> int:
+    return trajs[0].adapter_version if trajs else -1
 
 
 def _reached(record: dict, target) -> bool:

@@ -117,9 +117,14 @@ class _Episode:
 
 class RolloutWorker:
     def __init__(self, engine_config, store_root: str | None = None, worker_id: str = "rollout-0",
-                 run_dir: str | None = None):
+                 run_dir: str | None = None, env_factories: dict | None = None):
         if run_dir is not None:
             runtime.configure(run_dir)
+        import envs
+
+        # Environments registered in the driver process; Ray ships classes defined in a user's script by value.
+        for name, factory in (env_factories or {}).items():
+            envs.register(name, factory, overwrite=True)
         from grpo.forward import load_processor
         from rollout.conversation import ChatFormat
         from rollout.engine import Engine
