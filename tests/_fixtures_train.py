@@ -1,7 +1,6 @@
 """Shared fixtures and helpers of the trainer and checkpoint tests (import them into a test module)."""
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
@@ -14,14 +13,9 @@ from rollout.conversation import ChatFormat
 from rollout.trajectory import Segment, Trajectory
 from envs.base import Observation
 
-# Ray and vLLM read these when they start; set before any test starts either.
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
 @pytest.fixture(scope="session")
-def tiny_vl(tmp_path_factory) -> str:
+def vl_model(tmp_path_factory) -> str:
+    """The tiny Qwen3-VL's folder, as a string (what a user passes)."""
     return str(tiny_models.build("vl", tmp_path_factory.mktemp("models") / "tiny-vl", seed=0))
 
 

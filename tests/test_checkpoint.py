@@ -10,7 +10,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from _fixtures_train import advantages, dir_listing, max_abs_diff, tiny_vl, trajectories  # noqa: F401 (fixture)
+from _fixtures_train import advantages, dir_listing, max_abs_diff, vl_model, trajectories  # noqa: F401 (fixture)
 from grpo import checkpoint
 from grpo.config import AlgorithmConfig
 from grpo.train_config import TrainConfig
@@ -46,8 +46,8 @@ def test_should_save():
     assert not checkpoint.should_save(0, 1, None)
 
 
-def test_resume_is_bitwise_and_restores_what_was_saved(tiny_vl, tmp_path):
-    straight = worker(tiny_vl)
+def test_resume_is_bitwise_and_restores_what_was_saved(vl_model, tmp_path):
+    straight = worker(vl_model)
     data = batches(straight.processor, 3)
     for b in data[:2]:
         straight.train_step(*b)
@@ -57,7 +57,7 @@ def test_resume_is_bitwise_and_restores_what_was_saved(tiny_vl, tmp_path):
     m_straight = straight.train_step(*data[2])
 
     torch.manual_seed(999)
-    resumed = worker(tiny_vl)
+    resumed = worker(vl_model)
     assert max_abs_diff(resumed.gather_adapter(), straight.gather_adapter()) > 0
     info = resumed.load_checkpoint(tmp_path)
     assert info == {"step": 2, "path": path, "adapter_version": 5, "data_cursor": {"epoch": 0, "index": 10},
@@ -69,8 +69,8 @@ def test_resume_is_bitwise_and_restores_what_was_saved(tiny_vl, tmp_path):
     assert_same_state(straight.gather_state(), resumed.gather_state())
 
 
-def test_latest_and_garbage_collection(tiny_vl, tmp_path):
-    w = worker(tiny_vl)
+def test_latest_and_garbage_collection(vl_model, tmp_path):
+    w = worker(vl_model)
     assert checkpoint.latest(tmp_path) is None and w.load_checkpoint(tmp_path) is None
     data = batches(w.processor, 1)
     paths = []
@@ -89,8 +89,8 @@ def test_latest_and_garbage_collection(tiny_vl, tmp_path):
         checkpoint.latest(tmp_path)
 
 
-def test_save_that_dies_before_the_marker_is_ignored(tiny_vl, tmp_path, monkeypatch):
-    w = worker(tiny_vl)
+def test_save_that_dies_before_the_marker_is_ignored(vl_model, tmp_path, monkeypatch):
+    w = worker(vl_model)
     data = batches(w.processor, 1)
     w.train_step(*data[0])
     first = w.save_checkpoint(tmp_path)
@@ -107,7 +107,7 @@ def test_save_that_dies_before_the_marker_is_ignored(tiny_vl, tmp_path, monkeypa
     assert len([n for n in dir_listing(tmp_path) if n.startswith("step_")]) == 2  # the dead save's folder
     assert checkpoint.latest(tmp_path).path == first
 
-    fresh = worker(tiny_vl)
+    fresh = worker(vl_model)
     assert fresh.load_checkpoint(tmp_path)["step"] == 1
     assert_same_state(fresh.gather_state(), saved)
     again = fresh.save_checkpoint(tmp_path, keep_last=1)  # the next save sweeps the dead one away
@@ -140,9 +140,9 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_save_killed_mid_write_is_ignored(tiny_vl, tmp_path):
+def test_save_killed_mid_write_is_ignored(vl_model, tmp_path):
     root, reference = tmp_path / "ckpt", tmp_path / "reference.safetensors"
-    script = CHILD.format(tests=str(Path(__file__).parent), model=tiny_vl, root=str(root), reference=str(reference))
+    script = CHILD.format(tests=str(Path(__file__).parent), model=vl_model, root=str(root), reference=str(reference))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-3000:]
     dead = [n for n in dir_listing(root) if n.startswith("step_00000002")]
@@ -150,6 +150,6 @@ def test_save_killed_mid_write_is_ignored(tiny_vl, tmp_path):
 
     latest = checkpoint.latest(root)
     assert latest.step == 1
-    resumed = TrainWorker(tiny_vl, algorithm=AlgorithmConfig(kl_coef=0.05), train=TrainConfig(lr=1e-2, micro_batch_size=3))
+    resumed = TrainWorker(vl_model, algorithm=AlgorithmConfig(kl_coef=0.05), train=TrainConfig(lr=1e-2, micro_batch_size=3))
     assert resumed.load_checkpoint(root)["data_cursor"] == 1
     assert max_abs_diff(resumed.gather_adapter(), safetensors.torch.load_file(reference)) == 0.0

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from _fixtures_train import advantages, max_abs_diff, tiny_vl, trajectories  # noqa: F401 (fixture)
+from _fixtures_train import advantages, max_abs_diff, vl_model, trajectories  # noqa: F401 (fixture)
 from grpo import forward
 from grpo.config import AlgorithmConfig, ConfigError
 from grpo.lora import LoraSettings, apply_lora, randomize_adapter
@@ -25,9 +25,9 @@ def comparable(micro_batch_size: int, **kw) -> TrainConfig:
 
 
 @pytest.fixture(scope="module")
-def start_adapter(tiny_vl, tmp_path_factory) -> str:
+def start_adapter(vl_model, tmp_path_factory) -> str:
     """A random adapter: from peft's (B = 0) every lora_A gradient would be zero on the first step."""
-    model = apply_lora(forward.load_model(tiny_vl), LoraSettings(rank=4, alpha=8))
+    model = apply_lora(forward.load_model(vl_model), LoraSettings(rank=4, alpha=8))
     randomize_adapter(model, seed=1, scale=0.1)
     path = tmp_path_factory.mktemp("start-adapter")
     model.save_pretrained(path)
@@ -61,9 +61,9 @@ def test_learning_rate_schedule():
     assert all(a >= b for a, b in zip(lrs[1:], lrs[2:]))
 
 
-def test_micro_batches_do_not_change_the_update(tiny_vl, start_adapter):
-    one = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(7), adapter_path=start_adapter)
-    four = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
+def test_micro_batches_do_not_change_the_update(vl_model, start_adapter):
+    one = TrainWorker(vl_model, algorithm=ALGO, train=comparable(7), adapter_path=start_adapter)
+    four = TrainWorker(vl_model, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
     before = one.gather_adapter()
     batch, adv = trajectories(one.processor, 7), advantages(7)
     m1, m4 = one.train_step(batch, adv), four.train_step(batch, adv)
@@ -77,11 +77,11 @@ def test_micro_batches_do_not_change_the_update(tiny_vl, start_adapter):
     assert m1["kl"] > 1e-3  # the random adapter is not the base model, which the adapter-off pass scored
 
 
-def test_updates_per_batch(tiny_vl, start_adapter):
+def test_updates_per_batch(vl_model, start_adapter):
     config = lambda mbs: comparable(mbs, updates_per_batch=2)  # noqa: E731
-    a = TrainWorker(tiny_vl, algorithm=ALGO, train=config(4), adapter_path=start_adapter)
-    b = TrainWorker(tiny_vl, algorithm=ALGO, train=config(1), adapter_path=start_adapter)
-    single = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(4), adapter_path=start_adapter)
+    a = TrainWorker(vl_model, algorithm=ALGO, train=config(4), adapter_path=start_adapter)
+    b = TrainWorker(vl_model, algorithm=ALGO, train=config(1), adapter_path=start_adapter)
+    single = TrainWorker(vl_model, algorithm=ALGO, train=comparable(4), adapter_path=start_adapter)
     batch, adv = trajectories(a.processor, 6, seed=3), advantages(6, seed=3)
     ma, mb, ms = a.train_step(batch, adv), b.train_step(batch, adv), single.train_step(batch, adv)
     assert ma["updates"] == 2 and ms["updates"] == 1
@@ -93,8 +93,8 @@ def test_updates_per_batch(tiny_vl, start_adapter):
     assert ma["sampler_abs_diff_max"] == pytest.approx(ms["sampler_abs_diff_max"], rel=1e-6)
 
 
-def test_batch_without_generated_tokens_is_skipped(tiny_vl):
-    worker = TrainWorker(tiny_vl, train=TrainConfig(lr=1.0, warmup_steps=2))
+def test_batch_without_generated_tokens_is_skipped(vl_model):
+    worker = TrainWorker(vl_model, train=TrainConfig(lr=1.0, warmup_steps=2))
     batch = trajectories(worker.processor, 2, turns=1)
     for traj in batch:
         seg = traj.segments[0]
@@ -122,16 +122,16 @@ def ray_session(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def two_ranks(ray_session, tiny_vl, start_adapter, tmp_path_factory):
+def two_ranks(ray_session, vl_model, start_adapter, tmp_path_factory):
     """Three steps on 2 FSDP ranks with a checkpoint after the second, one process beside the first step,
     then new ranks that resume from the checkpoint and redo the third step; those stay up for the tests."""
     root = tmp_path_factory.mktemp("two-ranks")
-    processor = forward.load_processor(tiny_vl)
+    processor = forward.load_processor(vl_model)
     batches = [(trajectories(processor, 7, seed=s), advantages(7, seed=s)) for s in range(3)]
     run = {"root": root}
-    group = TrainGroup(tiny_vl, 2, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
+    group = TrainGroup(vl_model, 2, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
     try:
-        single = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(64), adapter_path=start_adapter)
+        single = TrainWorker(vl_model, algorithm=ALGO, train=comparable(64), adapter_path=start_adapter)
         run["metrics"] = (group.train_step(*batches[0]), single.train_step(*batches[0]))
         run["adapters"] = (group.gather_adapter(), single.gather_adapter())
         group.train_step(*batches[1])
@@ -143,7 +143,7 @@ def two_ranks(ray_session, tiny_vl, start_adapter, tmp_path_factory):
     finally:
         group.shutdown()
     random.seed(456)
-    resumed = TrainGroup(tiny_vl, 2, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
+    resumed = TrainGroup(vl_model, 2, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
     try:
         run["resumed_info"] = resumed.load_checkpoint(root / "ckpt")
         run["resumed_draw"] = random.random()
@@ -183,10 +183,14 @@ def test_resume_on_new_ranks_is_bitwise(two_ranks):
 
 
 @pytest.mark.slow
-def test_gathered_adapter_serves_in_vllm_and_peft(two_ranks, tiny_vl, tmp_path):
+def test_gathered_adapter_serves_in_vllm_and_peft(two_ranks, vl_model, tmp_path, monkeypatch):
+    import tempfile
+
     from rollout import runtime
 
     runtime.configure(tmp_path / "run")
+    # vLLM leaves a file:// rendezvous file (vllm_dist_*) in the temp folder: keep it in tmp_path.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     from peft import PeftModel
 
     from rollout.engine import EngineConfig
@@ -196,7 +200,7 @@ def test_gathered_adapter_serves_in_vllm_and_peft(two_ranks, tiny_vl, tmp_path):
     group, store = two_ranks["group"], tmp_path / "store"
     version = group.publish(store)
     assert version == 1
-    worker = RolloutWorker(EngineConfig(model=tiny_vl, max_lora_rank=8), store_root=str(store))
+    worker = RolloutWorker(EngineConfig(model=vl_model, max_lora_rank=8), store_root=str(store))
     try:
         assert worker.sync_adapter(version) == version
         tasks = [Task("maze", s, {"size": 7, "max_turns": 2}) for s in range(2)]
@@ -209,8 +213,8 @@ def test_gathered_adapter_serves_in_vllm_and_peft(two_ranks, tiny_vl, tmp_path):
     metrics = group.train_step(batch, [0.0] * len(batch))
     assert metrics["sampler_abs_diff_max"] <= 1e-4
 
-    processor = forward.load_processor(tiny_vl)
-    base = forward.load_model(tiny_vl)
+    processor = forward.load_processor(vl_model)
+    base = forward.load_model(vl_model)
     peft_model = PeftModel.from_pretrained(base, AdapterStore(store).verify(version).path).eval()
     seqs = [forward.expand(processor, s.token_ids, s.images, [torch.tensor(s.loss_mask), torch.tensor(s.sampler_logprobs)])
             for t in batch for s in t.segments]

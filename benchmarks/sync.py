@@ -1,0 +1,172 @@
+"""Adapter sync cost: publish to the store and hot-load into vLLM, against the bare minimum, and stale reads.
+
+    python benchmarks/sync.py [--quick] [--model PATH] [--run-dir runs/bench-sync]
+
+Per version, in one process with one in-process vLLM engine (rank-32 LoRA on the language model):
+- publish_and_hotload: sync.AdapterStore.publish (serialise, sha256, fsync, rename, manifest, GC) plus
+  RolloutWorker.sync_adapter (verify the sha256, add the new LoRA under a new name and id, drop the old);
+- raw: safetensors.torch.save_file plus the config file, vLLM's add_lora and remove_lora of the same
+  tensors, nothing else;
+- stale read check: after each hot-load, greedy tokens on a prompt longer than one KV block (so the prefix
+  cache holds blocks of the previous version) whose vLLM logprobs must match transformers + peft with the
+  new adapter (within 1e-3) and be farther from the previous adapter's.
+Times are medians over the versions, both paths alternating. The last line printed is one JSON object,
+also written to benchmarks/results/sync.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RANK = 32
+TOLERANCE = 1e-3
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="8 versions (about 2 minutes)")
+    ap.add_argument("--model", help="a vision-language or text model folder (default: tiny Qwen3-VL, preset bench)")
+    ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench-sync"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sync.json"))
+    a = ap.parse_args(argv)
+
+    from rollout import runtime
+
+    run_dir = Path(a.run_dir).resolve()
+    runtime.configure(run_dir)
+    import shutil
+    import tempfile
+
+    # vLLM leaves a rendezvous file (vllm_dist_*) in the temp folder at every start: keep it in the run.
+    tempfile.tempdir = str(run_dir / "tmp")
+    Path(tempfile.tempdir).mkdir(parents=True, exist_ok=True)
+
+    import safetensors.torch
+    import torch
+    from peft import set_peft_model_state_dict
+
+    from envs.base import Observation
+    from grpo import forward, lora, tiny_models
+    from rollout.conversation import ChatFormat
+    from rollout.engine import EngineConfig, Request, Sampling
+    from rollout.worker import RolloutWorker
+    from sync import AdapterStore
+    from sync.store import ADAPTER_FILE, CONFIG_FILE
+
+    versions = 8 if a.quick else 24
+    model_path = a.model or str(tiny_models.build("vl", run_dir / "models" / "vl-bench", preset="bench"))
+    for stale in ("store", "raw"):
+        shutil.rmtree(run_dir / stale, ignore_errors=True)
+    store = AdapterStore(run_dir / "store", keep_last=2)
+
+    # The versions' tensors, made up front: only the sync itself is timed.
+    peft_model = lora.apply_lora(forward.load_model(model_path), lora.LoraSettings(rank=RANK, alpha=2.0 * RANK))
+    peft_model.eval()
+    config = lora.adapter_config(peft_model)
+    adapters = []
+    for v in range(versions + 1):
+        lora.randomize_adapter(peft_model, seed=v, scale=0.05)
+        adapters.append({k: t.clone() for k, t in lora.adapter_tensors(peft_model).items()})
+    adapter_mb = sum(t.numel() * t.element_size() for t in adapters[0].values()) / 2**20
+
+    processor = forward.load_processor(model_path)
+    worker = RolloutWorker(EngineConfig(model=model_path, max_lora_rank=RANK, max_model_len=2048),
+                           store_root=str(store.root), worker_id="bench-sync")
+    engine = worker.engine.llm.llm_engine
+    from vllm.lora.request import LoRARequest
+
+    chat = ChatFormat(processor)
+    text = "Describe every wall of this maze, row by row, then find the path. " * (worker.engine.block_size // 8 + 4)
+    prompt = chat.prompt_ids(Observation(text=text))
+    block_size = worker.engine.block_size
+    greedy = Sampling.greedy(max_tokens=8)
+
+    def hf_logprobs(tensors, gen_ids) -> torch.Tensor:
+        set_peft_model_state_dict(peft_model, tensors)
+        ids = prompt + gen_ids
+        mask = torch.tensor([0] * len(prompt) + [1] * len(gen_ids))
+        batch = forward.collate(processor, [forward.expand(processor, ids, [], [mask])],
+                                forward.tokenizer_of(processor).pad_token_id)
+        with torch.no_grad():
+            lp = forward.token_logprobs(peft_model, batch, batch.per_token[0])
+        return lp[0][mask.bool()]
+
+    def hot(v: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        version = store.publish(adapters[v], config)
+        t1 = time.perf_counter()
+        worker.sync_adapter(version)
+        return t1 - t0, time.perf_counter() - t0
+
+    def bare(v: int) -> float:
+        raw = run_dir / "raw" / f"r{v}"
+        raw.mkdir(parents=True)
+        # The config file vLLM reads from the store, written bare.
+        config_bytes = (Path(store.latest().path) / CONFIG_FILE).read_bytes()
+        t0 = time.perf_counter()
+        safetensors.torch.save_file(adapters[v], str(raw / ADAPTER_FILE))
+        (raw / CONFIG_FILE).write_bytes(config_bytes)
+        request = LoRARequest(f"raw-{v}", 100_000 + v, str(raw))
+        if not engine.add_lora(request):
+            raise RuntimeError(f"vLLM refused the raw adapter {raw}")
+        engine.remove_lora(request.lora_int_id)
+        return time.perf_counter() - t0
+
+    hot_ms, publish_ms, raw_ms = [], [], []
+    stale_reads, diff_new_max, diff_old_min = 0, 0.0, float("inf")
+    try:
+        for v in range(versions + 1):  # version 0 is the warm-up, untimed and unchecked
+            # Taking turns, each going first every other version, spreads the machine's noise evenly.
+            if v % 2:
+                raw_s = bare(v)
+                pub_s, hot_s = hot(v)
+            else:
+                pub_s, hot_s = hot(v)
+                raw_s = bare(v)
+            if v == 0:
+                continue
+            publish_ms.append(pub_s * 1e3)
+            hot_ms.append(hot_s * 1e3)
+            raw_ms.append(raw_s * 1e3)
+
+            gen = worker.engine.generate([Request(prompt)], greedy)[0]
+            served = torch.tensor(gen.logprobs)
+            diff_new = float((served - hf_logprobs(adapters[v], gen.token_ids)).abs().max())
+            diff_old = float((served - hf_logprobs(adapters[v - 1], gen.token_ids)).abs().max())
+            stale_reads += int(diff_new > TOLERANCE or diff_old <= diff_new)
+            diff_new_max, diff_old_min = max(diff_new_max, diff_new), min(diff_old_min, diff_old)
+    finally:
+        worker.shutdown()
+
+    hot, rawm = statistics.median(hot_ms), statistics.median(raw_ms)
+    result = {
+        "benchmark": "sync", "mode": "quick" if a.quick else "full", "model": model_path,
+        "lora_rank": RANK, "adapter_mb": round(adapter_mb, 3), "versions": versions,
+        "publish_and_hotload_ms": round(hot, 2),
+        "publish_ms": round(statistics.median(publish_ms), 2),
+        "raw_ms": round(rawm, 2),
+        "ratio": round(hot / rawm, 3),
+        "stale_reads": stale_reads,
+        "logprob_max_abs_diff_new_adapter": diff_new_max,
+        "logprob_min_abs_diff_previous_adapter": diff_old_min,
+        "prompt_tokens": len(prompt), "kv_block_size": block_size,
+        # Other processes on the machine (1-minute load average; 2 cores here).
+        "load_average": round(os.getloadavg()[0], 2),
+    }
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

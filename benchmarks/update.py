@@ -1,0 +1,267 @@
+"""Trainer update throughput: 2 FSDP ranks against one plain torch + peft process, on the same cores.
+
+    python benchmarks/update.py [--quick] [--kind vl|text] [--preset bench] [--work runs/bench]
+
+Measured in one run, on the same batch:
+- single: a plain loop (forward.expand/collate/token_logprobs, grpo.loss, AdamW on the LoRA weights) in
+  this process, at its best thread count (1 or 2 OpenMP threads);
+- fsdp: TrainWorker ranks, one thread each, in 2 processes (torch multiprocessing, gloo), FSDP2-sharded;
+- the step's FLOPs, counted by torch's FlopCounterMode on the single loop, and the peak of a large fp32
+  matmul on the same cores.
+The contenders take turns, step by step, while the others idle, and each reports its best step (the
+machine is shared: the best is the least disturbed; the JSON records the load average around the run).
+The last line printed is one JSON object, also written to benchmarks/results/update.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rollout import runtime  # noqa: E402
+
+runtime.configure(ROOT / "runs" / "bench")  # before torch: OMP_WAIT_POLICY is read when OpenMP starts
+
+import torch  # noqa: E402
+
+MODES = {
+    # sequences per batch, tokens per sequence, micro-batch size, timed steps
+    "quick": dict(sequences=8, length=384, micro_batch_size=4, steps=3),
+    "full": dict(sequences=32, length=768, micro_batch_size=8, steps=5),
+}
+LORA_RANK = 32
+
+
+def make_batch(processor, sequences: int, length: int, seed: int = 0):
+    """Multi-turn episodes of about `length` tokens: an image prompt, then 24 sampled tokens and a short
+    text observation per turn (about half the tokens are generated)."""
+    from envs.base import Observation
+    from PIL import Image
+    from rollout.conversation import ChatFormat
+    from rollout.trajectory import Segment, Trajectory
+
+    chat = ChatFormat(processor)
+    rng = random.Random(seed)
+    special = set(chat.tok.all_special_ids) | chat.vision_ids
+    ordinary = [i for i in range(len(chat.tok)) if i not in special]
+    vl = chat.image_token_id is not None
+    trajs = []
+    for e in range(sequences):
+        images = [Image.new("RGB", (64, 64), (rng.randrange(256), 255, 255))] if vl else []
+        ids = chat.prompt_ids(Observation(text=f"episode {e}: reach the red square", images=images))
+        mask = [0] * len(ids)
+        while len(ids) < length:
+            gen = [rng.choice(ordinary) for _ in range(24)]
+            suffix = chat.observation_ids(Observation(text="You moved right. Turns left: 7"), gen)
+            ids, mask = ids + gen + suffix, mask + [1] * len(gen) + [0] * len(suffix)
+        ids, mask = ids[:length], mask[:length]
+        lps = [-rng.uniform(0.1, 5.0) if m else 0.0 for m in mask]
+        trajs.append(Trajectory(task_id=str(e), group_id=e // 4, seed=e, segments=[Segment(ids, mask, lps, images)],
+                                turn_rewards=[0.0], num_turns=1, stop_reason="done", adapter_version=None))
+    advantages = [rng.uniform(-1, 1) for _ in range(sequences)]
+    return trajs, advantages
+
+
+def matmul_peak(threads: int, n: int = 2048, repeats: int = 5) -> float:
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best
+
+
+class PlainLoop:
+    """The single process: a plain torch + peft loop, without any of the trainer's machinery."""
+
+    def __init__(self, model_path: str, batch, advantages, micro_batch_size: int):
+        from grpo import forward
+        from grpo.config import AlgorithmConfig
+        from grpo.lora import LoraSettings, apply_lora
+
+        torch.manual_seed(0)
+        self.model = apply_lora(forward.load_model(model_path), LoraSettings(rank=LORA_RANK, alpha=2 * LORA_RANK))
+        self.model.train()
+        self.processor = forward.load_processor(model_path)
+        self.pad = forward.tokenizer_of(self.processor).pad_token_id
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=1e-5)
+        self.algo = AlgorithmConfig()
+        self.segs = [(s, a) for t, a in zip(batch, advantages) for s in t.segments]
+        self.micro_batch_size = micro_batch_size
+
+    def step(self) -> int:
+        from grpo import forward
+        from grpo.loss import loss_normalizer, policy_loss
+
+        seqs = [forward.expand(self.processor, s.token_ids, s.images,
+                               [torch.tensor(s.loss_mask), torch.tensor(s.sampler_logprobs)]) for s, _ in self.segs]
+        norm = loss_normalizer([q.per_token[0][None] for q in seqs], self.algo)
+        tokens, size = 0, self.micro_batch_size
+        for k in range(0, len(seqs), size):
+            b = forward.collate(self.processor, seqs[k:k + size], self.pad)
+            mask = b.per_token[0]
+            lp = forward.token_logprobs(self.model, b, mask)
+            adv = torch.tensor([a for _, a in self.segs[k:k + size]])
+            policy_loss(lp, lp.detach(), adv, mask, self.algo, norm, sampler_logprobs=b.per_token[1]).loss.backward()
+            tokens += int(b.attention_mask.sum())
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return tokens
+
+    def count_flops(self) -> int:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            self.step()
+        return counter.get_total_flops()
+
+
+def _rank(rank: int, world_size: int, port: int, model_path: str, cfg: dict, commands, results) -> None:
+    from grpo import dist
+    from grpo.lora import LoraSettings
+    from grpo.train_config import TrainConfig
+    from grpo.train_worker import TrainWorker
+
+    worker = TrainWorker(model_path, lora=LoraSettings(rank=LORA_RANK, alpha=2 * LORA_RANK),
+                         train=TrainConfig(micro_batch_size=cfg["micro_batch_size"]), rank=rank,
+                         world_size=world_size, cpu_threads=1)
+    worker.setup("127.0.0.1", port)
+    batch, advantages = make_batch(worker.processor, cfg["sequences"], cfg["length"])
+    results.put(("ready", rank))
+    while commands.get() == "step":
+        dist.barrier()
+        t = time.perf_counter()
+        worker.train_step(batch, advantages)
+        if rank == 0:
+            results.put(("step_s", time.perf_counter() - t))
+    worker.close()
+
+
+class FsdpRanks:
+    """TrainWorker ranks in their own processes (torch multiprocessing, gloo), idle between steps, so
+    that their steps can alternate with the single process's under the same load."""
+
+    def __init__(self, model_path: str, cfg: dict, world_size: int = 2):
+        import torch.multiprocessing as mp
+
+        from grpo.dist import free_port
+
+        ctx = mp.get_context("spawn")
+        self.commands = [ctx.Queue() for _ in range(world_size)]
+        self.results = ctx.Queue()
+        port = free_port()
+        self.procs = [ctx.Process(target=_rank, args=(r, world_size, port, model_path, cfg, self.commands[r],
+                                                      self.results)) for r in range(world_size)]
+        for p in self.procs:
+            p.start()
+        for _ in range(world_size):
+            self._get("ready")
+
+    def _get(self, kind: str):
+        got, value = self.results.get(timeout=900)
+        if got != kind:
+            raise RuntimeError(f"expected {kind!r} from an FSDP rank, got {got!r}")
+        return value
+
+    def step(self) -> float:
+        for q in self.commands:
+            q.put("step")
+        return self._get("step_s")
+
+    def close(self) -> None:
+        for q in self.commands:
+            q.put("stop")
+        for p in self.procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+        if any(p.exitcode for p in self.procs):
+            raise RuntimeError(f"an FSDP rank failed: exit codes {[p.exitcode for p in self.procs]}")
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a small batch and few steps (about 2 minutes)")
+    ap.add_argument("--kind", choices=("vl", "text"), default="vl")
+    ap.add_argument("--preset", default="bench", help="a grpo.tiny_models preset")
+    ap.add_argument("--work", default=str(ROOT / "runs" / "bench"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "update.json"))
+    a = ap.parse_args(argv)
+    from grpo import forward, tiny_models
+
+    mode = "quick" if a.quick else "full"
+    cfg = MODES[mode]
+    model_path = str(tiny_models.build(a.kind, Path(a.work) / "models" / f"{a.kind}-{a.preset}", preset=a.preset))
+    batch, advantages = make_batch(forward.load_processor(model_path), cfg["sequences"], cfg["length"])
+
+    ranks = FsdpRanks(model_path, cfg)
+    try:
+        loop = PlainLoop(model_path, batch, advantages, cfg["micro_batch_size"])
+        torch.set_num_threads(1)
+        flops = loop.count_flops()
+        load_before = os.getloadavg()[0]
+        single = {1: [], 2: []}
+        fsdp_times = []
+        ranks.step()  # warm-ups
+        for threads in single:
+            torch.set_num_threads(threads)
+            loop.step()
+        # Round robin, so that a change in the machine's load hits every contender alike.
+        for _ in range(cfg["steps"]):
+            for threads in single:
+                torch.set_num_threads(threads)
+                t = time.perf_counter()
+                tokens = loop.step()
+                single[threads].append(time.perf_counter() - t)
+            fsdp_times.append(ranks.step())
+        peak = max(matmul_peak(t) for t in (1, 2))
+        load_after = os.getloadavg()[0]
+    finally:
+        ranks.close()
+
+    threads, single_s = min(((t, min(v)) for t, v in single.items()), key=lambda x: x[1])
+    fsdp_s = min(fsdp_times)
+    fsdp_tps, single_tps = tokens / fsdp_s, tokens / single_s
+    achieved = flops / fsdp_s
+    params = sum(p.numel() for p in loop.model.parameters())
+    result = {
+        "benchmark": "update", "mode": mode,
+        "model": {"kind": a.kind, "preset": a.preset, "params": params,
+                  "trainable_params": sum(p.numel() for p in loop.params), "lora_rank": LORA_RANK,
+                  "dtype": "float32"},
+        "batch": {"sequences": cfg["sequences"], "tokens_per_sequence": cfg["length"], "tokens": tokens,
+                  "micro_batch_size": cfg["micro_batch_size"], "timed_steps": cfg["steps"]},
+        "fsdp_ranks": 2, "fsdp_step_s": round(fsdp_s, 4),
+        "single_threads": threads, "single_step_s": round(single_s, 4),
+        "single_step_s_by_threads": {t: round(min(v), 4) for t, v in single.items()},
+        "fsdp_tokens_per_s": round(fsdp_tps, 1),
+        "single_tokens_per_s": round(single_tps, 1),
+        "ratio": round(fsdp_tps / single_tps, 3),
+        "flops_per_step": flops,
+        "achieved_flops_per_s": round(achieved),
+        "matmul_peak_flops_per_s": round(peak),
+        "mfu_vs_matmul_peak": round(achieved / peak, 3),
+        # Other processes on the machine during the run (1-minute load average; 2 cores here).
+        "load_average": [round(load_before, 2), round(load_after, 2)],
+    }
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
