@@ -124,12 +124,14 @@ def ray_session(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_ranks(ray_session, vl_model, start_adapter, tmp_path_factory):
     """Three steps on 2 FSDP ranks with a checkpoint after the second, one process beside the first step,
-    then new ranks that resume from the checkpoint and redo the third step; those stay up for the tests."""
+    then new ranks that resume from the checkpoint and redo the third step; those stay up for the tests.
+    Seven sequences, three per micro-batch: one rank gets four (two passes), the other three (one pass
+    and a zero-weight filler pass that keeps FSDP's collectives in step)."""
     root = tmp_path_factory.mktemp("two-ranks")
     processor = forward.load_processor(vl_model)
     batches = [(trajectories(processor, 7, seed=s), advantages(7, seed=s)) for s in range(3)]
     run = {"root": root}
-    group = TrainGroup(vl_model, 2, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
+    group = TrainGroup(vl_model, 2, algorithm=ALGO, train=comparable(3), adapter_path=start_adapter)
     try:
         single = TrainWorker(vl_model, algorithm=ALGO, train=comparable(64), adapter_path=start_adapter)
         run["metrics"] = (group.train_step(*batches[0]), single.train_step(*batches[0]))
@@ -143,7 +145,7 @@ def two_ranks(ray_session, vl_model, start_adapter, tmp_path_factory):
     finally:
         group.shutdown()
     random.seed(456)
-    resumed = TrainGroup(vl_model, 2, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
+    resumed = TrainGroup(vl_model, 2, algorithm=ALGO, train=comparable(3), adapter_path=start_adapter)
     try:
         run["resumed_info"] = resumed.load_checkpoint(root / "ckpt")
         run["resumed_draw"] = random.random()
