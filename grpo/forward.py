@@ -11,15 +11,8 @@ from pathlib import Path
 
 import torch
 
-
-def load_processor(model_path: str | Path):
-    """The model's processor when it has one (vision-language), otherwise its tokenizer."""
-    from transformers import AutoProcessor, AutoTokenizer
-
-    path = check_model_dir(model_path)
-    if (path / "processor_config.json").is_file() or (path / "preprocessor_config.json").is_file():
-        return AutoProcessor.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path)
+from rollout.models import (  # noqa: F401  (re-exported: the trainer side reads models through here)
+    VISION_TOKENS, check_model_dir, image_token_id, load_processor, tokenizer_of, vision_token_ids)
 
 
 def load_model(model_path: str | Path, dtype: torch.dtype = torch.float32):
@@ -32,27 +25,6 @@ def load_model(model_path: str | Path, dtype: torch.dtype = torch.float32):
     config = json.loads((path / "config.json").read_text())
     auto = AutoModelForImageTextToText if "vision_config" in config else AutoModelForCausalLM
     return auto.from_pretrained(path, dtype=dtype)
-
-
-def check_model_dir(model_path: str | Path) -> Path:
-    path = Path(model_path)
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"model folder {str(path)!r} does not exist: pass the path of a local Hugging Face model folder "
-            "(config.json + weights), e.g. one built by `python -m grpo.tiny_models --out DIR`")
-    if not (path / "config.json").is_file():
-        raise ValueError(
-            f"model folder {str(path)!r} has no config.json, so it is not a Hugging Face model: point the "
-            "model path at the folder that `save_pretrained` wrote")
-    return path
-
-
-def tokenizer_of(processor):
-    return getattr(processor, "tokenizer", processor)
-
-
-def image_token_id(processor) -> int | None:
-    return getattr(processor, "image_token_id", None)
 
 
 @dataclass
@@ -97,6 +69,7 @@ class Batch:
     pixel_values: torch.Tensor | None
     image_grid_thw: torch.Tensor | None
     image_token_id: int | None
+    banned_ids: tuple[int, ...] = ()
 
     def model_kwargs(self) -> dict:
         kw = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
@@ -126,18 +99,23 @@ def collate(processor, seqs: list[Expanded], pad_id: int) -> Batch:
     pix = [s.pixel_values for s in seqs if s.pixel_values is not None]
     grids = [s.image_grid_thw for s in seqs if s.image_grid_thw is not None]
     return Batch(ids, attn, pts, torch.cat(pix) if pix else None, torch.cat(grids) if grids else None,
-                 image_token_id(processor))
+                 image_token_id(processor), vision_token_ids(processor))
 
 
 def token_logprobs(model, batch: Batch, mask: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
     """logprob of token t given the tokens before it, [B, T]; zero where `mask` is 0 and at position 0.
 
     Only the masked positions pay for a log-softmax over the vocabulary: a real model's 150k-entry
-    vocabulary times every position of a long multi-turn sequence would not fit.
+    vocabulary times every position of a long multi-turn sequence would not fit. The policy is the model
+    with image and video markers excluded, as the rollout engine samples it (they are banned there: an
+    untrained model that emits one would announce an image that does not exist), so they are excluded
+    here too; vLLM reports logprobs of that same distribution (logprobs_mode="processed_logprobs").
     """
     logits = model(**batch.model_kwargs(), use_cache=False).logits
     want = (batch.attention_mask if mask is None else mask)[:, 1:].bool()
     picked = logits[:, :-1][want].float()
+    if batch.banned_ids:
+        picked[:, list(batch.banned_ids)] = float("-inf")
     if temperature != 1.0:
         picked = picked / temperature
     targets = batch.input_ids[:, 1:][want]

@@ -172,6 +172,10 @@ class RunConfig:
         check_number(self, "tasks_per_step", integer=True, ge=1)
         check_number(self, "seed", integer=True, ge=0)
         check_number(self, "train_seed_offset", integer=True, ge=0)
+        if self.train.temperature != self.rollout.temperature:
+            raise ConfigError("RunConfig", "train.temperature", self.train.temperature,
+                              f"equal to rollout.temperature ({self.rollout.temperature}): the trainer must score "
+                              "the distribution vLLM sampled from")
         held_out = set(self.eval_seeds) | set(self.unseen_seeds)
         require(self, "train_seed_offset", self.train_seed_offset > max(held_out, default=-1),
                 f"larger than every eval seed ({max(held_out, default=-1)}), so training never draws them")

@@ -22,11 +22,9 @@ class ChatFormat:
         self.tok = _tokenizer_of(processor)
         self.system_prompt = system_prompt
         self.image_token_id = getattr(processor, "image_token_id", None)
-        self.vision_ids = {i for i in (
-            self.image_token_id,
-            self._special_id("<|vision_start|>"),
-            self._special_id("<|vision_end|>"),
-        ) if i is not None}
+        from rollout.models import vision_token_ids
+
+        self.vision_ids = set(vision_token_ids(processor))
         if self.tok.chat_template is None and getattr(processor, "chat_template", None) is None:
             raise ValueError(
                 f"the tokenizer of {getattr(self.tok, 'name_or_path', '?')} has no chat template: multi-turn "

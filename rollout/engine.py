@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollout import runtime
+from rollout.models import check_model_dir, vision_token_ids
 from sync.hotload import HotLoader, LoadedAdapter
 
 log = logging.getLogger(__name__)
@@ -34,14 +35,7 @@ class EngineConfig:
     max_num_seqs: int = 256
 
     def __post_init__(self):
-        if not Path(self.model).is_dir():
-            raise FileNotFoundError(
-                f"model folder {self.model!r} does not exist: pass the path of a local Hugging Face model "
-                "folder (config.json + weights), e.g. one built by `python -m grpo.tiny_models --out DIR`")
-        if not (Path(self.model) / "config.json").is_file():
-            raise ValueError(
-                f"model folder {self.model!r} has no config.json, so it is not a Hugging Face model: point "
-                "`model` at the folder that `save_pretrained` wrote")
+        check_model_dir(self.model)
 
 
 @dataclass(frozen=True)
@@ -50,13 +44,10 @@ class Sampling:
     top_p: float = 1.0
     max_tokens: int = 32
     stop: tuple[str, ...] = ()
-    # Tokens the model must never emit, such as image placeholders: one sampled by an untrained model
-    # would announce an image that does not exist.
-    banned_token_ids: tuple[int, ...] = ()
 
     @classmethod
-    def greedy(cls, max_tokens: int = 32, stop: tuple[str, ...] = (), banned_token_ids=()) -> "Sampling":
-        return cls(0.0, 1.0, max_tokens, stop, tuple(banned_token_ids))
+    def greedy(cls, max_tokens: int = 32, stop: tuple[str, ...] = ()) -> "Sampling":
+        return cls(0.0, 1.0, max_tokens, stop)
 
 
 @dataclass
@@ -85,6 +76,9 @@ class Engine:
             model=cfg.model, dtype=dtype, max_model_len=cfg.max_model_len, seed=cfg.seed,
             enable_prefix_caching=cfg.enable_prefix_caching, max_num_seqs=cfg.max_num_seqs,
             limit_mm_per_prompt={"image": cfg.max_images_per_prompt},
+            # Logprobs of the distribution actually sampled (temperature and banned tokens applied), the
+            # one the trainer scores: raw logprobs would disagree whenever the temperature is not 1.
+            logprobs_mode="processed_logprobs",
         )
         if cfg.enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=2)
@@ -96,6 +90,9 @@ class Engine:
         self.llm = LLM(**kwargs)
         self.start_s = time.perf_counter() - t0
         self.tokenizer = self.llm.get_tokenizer()
+        # Image and video markers are never sampled: one emitted by an untrained model would announce an
+        # image that does not exist. The trainer scores the same restricted distribution (grpo.forward).
+        self.banned_ids = vision_token_ids(self.tokenizer)
         self.block_size = self.llm.llm_engine.vllm_config.cache_config.block_size
         self.adapters = HotLoader(self.llm.llm_engine) if cfg.enable_lora else None
         self._asleep = False
@@ -121,7 +118,7 @@ class Engine:
         params = SamplingParams(
             temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
             stop=list(sampling.stop) or None, logprobs=0, skip_special_tokens=False,
-            logit_bias={i: -100.0 for i in sampling.banned_token_ids} or None,
+            logit_bias={i: -100.0 for i in self.banned_ids} or None,
         )
         prompts = []
         for r in requests:

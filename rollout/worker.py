@@ -125,7 +125,7 @@ class RolloutWorker:
         # Environments registered in the driver process; Ray ships classes defined in a user's script by value.
         for name, factory in (env_factories or {}).items():
             envs.register(name, factory, overwrite=True)
-        from grpo.forward import load_processor
+        from rollout.models import load_processor
         from rollout.conversation import ChatFormat
         from rollout.engine import Engine
 
@@ -181,9 +181,8 @@ class RolloutWorker:
                 if history == "auto":
                     history = "full" if getattr(env, "keep_images", True) else "text"
                 episodes.append(_Episode(task, gid, env, history, chat))
-        banned = tuple(sorted(chat.vision_ids))
-        sampling = (Sampling.greedy(config.max_tokens_per_turn, config.stop, banned) if greedy else
-                    Sampling(config.temperature, config.top_p, config.max_tokens_per_turn, config.stop, banned))
+        sampling = (Sampling.greedy(config.max_tokens_per_turn, config.stop) if greedy else
+                    Sampling(config.temperature, config.top_p, config.max_tokens_per_turn, config.stop))
         version = self.engine.adapter_version if use_adapter else None
         calls, engine_s, prompt_tokens = 0, 0.0, 0
         limit = self.engine.cfg.max_model_len

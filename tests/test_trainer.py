@@ -65,6 +65,8 @@ def test_bad_config_fails_before_ray_starts(tmp_path, tiny_vl):
         grpo.RunConfig(model=str(tiny_vl), algorithm={"group_size": 1})
     with pytest.raises(ConfigError, match="known fields"):
         grpo.RunConfig(model=str(tiny_vl), rollout={"temprature": 0.7})
+    with pytest.raises(ConfigError, match="train.temperature"):
+        grpo.RunConfig(model=str(tiny_vl), rollout={"temperature": 0.7})
     with pytest.raises(FileNotFoundError, match="does not exist"):
         grpo.Trainer(grpo.RunConfig(model=str(tmp_path / "missing")))
     with pytest.raises(Exception, match="size"):
