@@ -26,6 +26,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grpo.train: bad config {args.config}: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
+        import envs
+
+        try:
+            envs.make(config.env.name, **config.env.options)
+        except (ValueError, TypeError) as e:
+            print(f"grpo.train: bad env options in {args.config}: {e}", file=sys.stderr)
+            return 2
         print(config.to_yaml())
         model_ok = (Path(config.model) / "config.json").is_file()
         print(json.dumps({"valid": True, "model_found": model_ok, "output_dir": config.output_dir}))
