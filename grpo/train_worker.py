@@ -184,9 +184,8 @@ class TrainWorker:
             "updates": float(len(plans)),
             "step": float(self.step),
             "skipped": 0.0,
+            "sampler_abs_diff_max": diff_max,
         })
-        if "sampler_abs_diff" in metrics:
-            metrics["sampler_abs_diff_max"] = diff_max
         return metrics
 
     def _plan(self, items: list[_Item], chunk: list[int]) -> _Plan:
