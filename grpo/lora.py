@@ -47,10 +47,11 @@ def apply_lora(model, settings: LoraSettings):
 
 
 def adapter_tensors(peft_model) -> dict[str, torch.Tensor]:
-    """The adapter's weights under peft's saved key names, on the CPU (what `save_pretrained` writes)."""
+    """A snapshot of the adapter's weights under peft's saved key names, on the CPU (what `save_pretrained`
+    writes). Cloned: on the CPU `.to("cpu")` returns the live parameter, which the next step would change."""
     from peft import get_peft_model_state_dict
 
-    return {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(peft_model).items()}
+    return {k: v.detach().to("cpu").clone().contiguous() for k, v in get_peft_model_state_dict(peft_model).items()}
 
 
 def adapter_config(peft_model) -> dict:

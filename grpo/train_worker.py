@@ -306,8 +306,7 @@ class TrainWorker:
         collective. The keys equal `lora.adapter_tensors()` of the same model unsharded."""
         self._require_setup()
         if not self._fsdp:
-            # adapter_tensors() returns the live weights themselves on the CPU: a snapshot must not move.
-            return {k: v.clone() for k, v in adapter_tensors(self.model).items()}
+            return adapter_tensors(self.model)
         from peft import get_peft_model_state_dict
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

@@ -6,6 +6,7 @@ NCCL, vLLM's memory fraction and sleep mode), never a fork of the code.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -53,4 +54,9 @@ def configure(run_dir: str | Path) -> Path:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     for k, v in env.items():
         os.environ.setdefault(k, v)
+    # vLLM drops a rendezvous file into the temp folder at every engine start; keep those in the run too.
+    tmp = cache / "tmp"
+    tmp.mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = str(tmp)
+    tempfile.tempdir = str(tmp)
     return cache
