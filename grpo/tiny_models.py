@@ -53,6 +53,20 @@ _CORPUS = [
     "The quick brown fox jumps over the lazy dog. 0 1 2 3 4 5 6 7 8 9 + - * / = ( ) [ ] { } , . : ; ' \"",
     "Question: what is 12 + 30? Answer: 42. The answer is correct. Think step by step.",
     "user assistant system",
+    # The chat template writes "assistant" at the start of a line: without a leading space it is another word.
+    "assistant",
+    # envs/maze.py's rules and feedback, word for word: the maze prompt, read on every turn, is most of a
+    # rollout's tokens, so each of its words should be one token.
+    "You are in a maze drawn as 9 x 9 blocks: gray blocks are walls, white blocks are open. You are the blue "
+    "circle; the goal is the red square. Each turn, reply with exactly one action:",
+    "('move', 0) moves one block right, ('move', 1) up, ('move', 2) left, ('move', 3) down;",
+    "('stop', 'stop') ends the episode, and wins only when you are on the red square.",
+    "Moving into a wall leaves you in place. You have 30 turns, the stop included.",
+    "There is a wall to the right; you stay where you are. There is a wall to the up, to the left, to the down.",
+    "I could not read an action, so you stay where you are. Reply with one action, e.g. ('move', 0) or "
+    "('stop', 'stop').",
+    "You stopped on the target: solved. You stopped off the target: episode over. Out of turns: episode over.",
+    "Turns left: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 40 50.",
 ]
 
 
@@ -85,6 +99,13 @@ PRESETS = {
         vocab_size=1024, text_hidden=512, text_layers=4, text_heads=8, text_kv_heads=4,
         text_intermediate=1536, head_dim=64, vision_hidden=128, vision_depth=2, vision_heads=4,
         vision_intermediate=256, patch_size=16,
+    ),
+    # The maze warm start (examples/maze): "tiny" with 4 px patches for 8 px maze blocks, so a 2 x 2 merge
+    # still gives one language token per block while the patch embedding reads 96 inputs instead of 1536.
+    "maze": TinyPreset(
+        vocab_size=1024, text_hidden=128, text_layers=2, text_heads=4, text_kv_heads=2,
+        text_intermediate=256, head_dim=32, vision_hidden=64, vision_depth=2, vision_heads=2,
+        vision_intermediate=128, patch_size=4,
     ),
 }
 
