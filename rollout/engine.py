@@ -108,18 +108,25 @@ class Engine:
             return None
         return self.adapters.current.version
 
-    def generate(self, requests: list[Request], sampling: Sampling, use_adapter: bool = True) -> list[Generation]:
-        """One engine call for the whole batch: vLLM schedules all sequences together."""
+    def sampling_params(self, sampling: Sampling, **overrides):
+        """vLLM's SamplingParams for `sampling`, as every generate call of this engine uses them."""
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
-        if self._asleep:
-            raise RuntimeError("the engine is asleep: call wake_up() before generating")
-        params = SamplingParams(
+        kwargs = dict(
             temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
             stop=list(sampling.stop) or None, logprobs=0, skip_special_tokens=False,
             logit_bias={i: -100.0 for i in self.banned_ids} or None,
         )
+        kwargs.update(overrides)
+        return SamplingParams(**kwargs)
+
+    def generate(self, requests: list[Request], sampling: Sampling, use_adapter: bool = True) -> list[Generation]:
+        """One engine call for the whole batch: vLLM schedules all sequences together."""
+        from vllm.inputs import TokensPrompt
+
+        if self._asleep:
+            raise RuntimeError("the engine is asleep: call wake_up() before generating")
+        params = self.sampling_params(sampling)
         prompts = []
         for r in requests:
             p = TokensPrompt(prompt_token_ids=list(r.prompt_ids))
