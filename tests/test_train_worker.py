@@ -110,15 +110,20 @@ def test_batch_without_generated_tokens_is_skipped(vl_model):
 
 # ------------------------------------------------------------------------------------- 2 ranks, Ray
 @pytest.fixture(scope="module")
-def ray_session(tmp_path_factory):
+def ray_session():
+    import shutil
+    import tempfile
+
     import ray
 
-    ray.init(_temp_dir=str(tmp_path_factory.mktemp("ray")), include_dashboard=False, num_cpus=2,
-             log_to_driver=False)
+    # Ray's socket paths must fit in 107 bytes: a short folder directly under /tmp, removed at the end.
+    ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    ray.init(_temp_dir=ray_tmp, include_dashboard=False, num_cpus=2, log_to_driver=False)
     try:
         yield
     finally:
         ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
