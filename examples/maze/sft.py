@@ -1,0 +1,514 @@
+"""The maze warm start: a tiny Qwen3-VL trained from scratch on BFS expert labels, stopped inside a band of
+greedy success on the 64 eval mazes, so GRPO has the climb the seed's result had (44% to over 95%).
+
+    python -m examples.maze.sft                       # rebuilds examples/maze/warmstart/ (about 10 min, 1 core)
+    python -m examples.maze.sft --out /tmp/ws --max-steps 20 --eval-every 10
+
+Each training sample is one turn exactly as the rollout worker builds it with history "none" (the rules, the
+last feedback, the current image; target: the action text and the end of turn), for a state visited by the
+BFS expert with random moves mixed in, so wall bumps, detours and dead ends are in the data with the expert's
+way back. What made it fast enough for 2 cores: a dense auxiliary loss on the vision tower. A linear head on
+each merged vision token (one per maze block) predicts the expert's move from that block, so every image
+teaches the whole policy map, not just one action; the head is dropped at the end and the checkpoint is a
+plain Qwen3-VL whose vision features already carry the map (GRPO's LoRA leaves the vision tower frozen).
+Measured in examples/maze/README-draft numbers of the report: without it, 0% success after 300 steps.
+
+Deterministic for a given torch build and thread count (default one thread): model, data and order are
+seeded. Greedy evaluation runs Hugging Face `generate` on the rollout worker's exact prompt ids; vLLM's greedy
+rollout of the saved folder gives the same success (checked once, see tests/test_maze_sft.py).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+
+import envs
+from envs.base import Observation
+from envs.maze import MazeEnv, expert_action
+from envs.maze_render import render
+from envs.maze_solver import MOVES, distances_to, next_direction
+from examples.maze import maze_config as mc
+
+STOP_CLASS = 4  # block label of the target block; 0-3 are the move directions
+IGNORE = -100
+VISION_SEED_BASE = mc.TRAIN_SEED_BASE + 50_000_000  # the vision phase's mazes, apart from the SFT phase's
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    out: str = str(mc.WARMSTART)
+    preset: str = mc.PRESET
+    seed: int = 0
+    size: int = mc.SIZE
+    cell_px: int = mc.CELL_PX
+    max_turns: int = mc.MAX_TURNS
+    batch_size: int = 32
+    max_steps: int = 800
+    lr: float = 1e-3
+    warmup_steps: int = 30
+    min_lr_ratio: float = 0.1  # cosine decay over max_steps down to lr * this
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    noise: float = 0.3  # chance that the behaviour policy takes a random move instead of the expert's
+    wander: float = 0.5
+    max_wander: int = 12
+    aux_weight: float = 1.0  # the vision tower's dense block lesson during SFT; 0 turns it off
+    vision_steps: int = 300  # steps of the vision-only phase before SFT (needs aux_weight > 0)
+    vision_lr: float = 2e-3
+    ema: float = 0.98
+    eval_every: int = 50  # while the per-state accuracy is below greedy_from (a 256-state check, seconds)
+    # Greedy success climbs from 0 to the band within some 50 steps once the state accuracy passes about
+    # 0.85: from greedy_from on, every fine_eval_every steps runs the 64 greedy episodes.
+    fine_eval_every: int = 20
+    greedy_from: float = 0.6
+    band_low: float = 0.30
+    band_high: float = 0.60
+    stop_at: float = 0.40  # stop at the first evaluation in [stop_at, band_high]
+    held_states: int = 256  # states of the unseen mazes for the per-state accuracy
+    eval_episodes: int = 64  # the first n seeds of each eval set; fewer only for quick tests
+    threads: int = 1
+
+    @property
+    def env_options(self) -> dict:
+        return {"size": self.size, "cell_px": self.cell_px, "max_turns": self.max_turns}
+
+    @property
+    def eval_seeds(self) -> range:
+        return mc.EVAL_SEEDS[: self.eval_episodes]
+
+    @property
+    def unseen_seeds(self) -> range:
+        return mc.UNSEEN_SEEDS[: self.eval_episodes]
+
+
+# ----------------------------------------------------------------------------------------------- data
+@dataclass(frozen=True)
+class BlockLabels:
+    """What the vision tower is taught about every block of a maze (rows in raster order)."""
+
+    move: torch.Tensor  # [blocks] long: the expert's move (0-3) from the block, STOP_CLASS on the target, IGNORE on walls
+    open: torch.Tensor  # [blocks, 4] float: whether a move in each direction 0-3 from the block is open
+
+
+def block_labels(maze) -> BlockLabels:
+    dist = distances_to(maze, maze.target)
+    move, open_ = [], []
+    for r in range(maze.size):
+        for c in range(maze.size):
+            d = next_direction(maze, (r, c), dist) if (r, c) in dist else IGNORE
+            move.append(STOP_CLASS if d is None else d)
+            open_.append([float(maze.is_open((r + dr, c + dc))) for dr, dc in MOVES.values()])
+    return BlockLabels(torch.tensor(move), torch.tensor(open_))
+
+
+@dataclass
+class Sample:
+    text: str  # the turn's prompt text: the rules, then (after the first turn) the last feedback
+    image: object
+    action: str  # the expert's action text
+    labels: BlockLabels | None = None
+    agent: int = -1  # the agent's block, row * size + col
+
+
+def noisy_expert_states(env: MazeEnv, seed: int, noise: float, rng: random.Random, wander: int = 0) -> list[Sample]:
+    """One episode: `wander` random moves, then the expert with random moves mixed in; every visited state
+    with the expert's label."""
+    first = env.reset(seed)
+    labels = block_labels(env.maze)
+    text, image = first.text, first.images[0]
+    out = []
+    while True:
+        label = expert_action(env.maze, env.position)
+        out.append(Sample(text, image, label, labels, env.position[0] * env.maze.size + env.position[1]))
+        lost = env.turn < wander or rng.random() < noise
+        res = env.step(f"('move', {rng.randrange(4)})" if lost else label)
+        if res.done:
+            return out
+        text, image = f"{first.text}\n{res.observation.text}", res.observation.images[0]
+
+
+def state_stream(options: dict, noise: float, wander: float, max_wander: int, rng: random.Random,
+                 buffer: int = 2048):
+    """Endless states of fresh training mazes (one seed per episode), shuffled through a buffer so that a
+    batch mixes many mazes."""
+    env = envs.make(mc.ENV, **options)
+    pool: list[Sample] = []
+    maze_seed = mc.TRAIN_SEED_BASE
+    while True:
+        while len(pool) < buffer:
+            steps = rng.randint(1, max_wander) if rng.random() < wander else 0
+            pool += noisy_expert_states(env, maze_seed, noise, rng, steps)
+            maze_seed += 1
+        i = rng.randrange(len(pool))
+        pool[i], pool[-1] = pool[-1], pool[i]
+        yield pool.pop()
+
+
+class Encoder:
+    """Prompt ids exactly as the rollout worker builds them (history "none"), and the target ids."""
+
+    def __init__(self, processor):
+        from rollout.conversation import ChatFormat
+
+        self.processor = processor
+        self.chat = ChatFormat(processor)
+        self.tok = processor.tokenizer
+        self._prompts: dict[str, list[int]] = {}
+        self._targets: dict[str, list[int]] = {}
+
+    def prompt(self, text: str) -> list[int]:
+        if text not in self._prompts:
+            # The ids depend on the text only: one image placeholder whatever the image.
+            self._prompts[text] = self.chat.prompt_ids(Observation(text=text, images=[None]))
+        return self._prompts[text]
+
+    def target(self, action: str) -> list[int]:
+        if action not in self._targets:
+            self._targets[action] = self.tok(action, add_special_tokens=False).input_ids + [self.tok.eos_token_id]
+        return self._targets[action]
+
+    def batch(self, samples: list[Sample]):
+        from grpo.forward import collate, expand
+
+        seqs = []
+        for s in samples:
+            p, t = self.prompt(s.text), self.target(s.action)
+            seqs.append(expand(self.processor, p + t, [s.image], [torch.tensor([0] * len(p) + [1] * len(t))]))
+        return collate(self.processor, seqs, self.tok.pad_token_id)
+
+
+# ------------------------------------------------------------------------------------------ the loss
+class _Capture(torch.nn.Module):
+    """The model as `token_logprobs` calls it, keeping the logits and the merged vision tokens."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.logits = self.vision = None
+
+    def forward(self, **kwargs):
+        def grab(_module, _inputs, output):
+            self.vision = output.pooler_output  # [images * blocks, text hidden], blocks in raster order
+
+        hook = self.model.model.visual.register_forward_hook(grab)
+        try:
+            out = self.model(**kwargs)
+        finally:
+            hook.remove()
+        self.logits = out.logits
+        return out
+
+
+def aux_loss(head, vision: torch.Tensor, samples: list[Sample]) -> torch.Tensor:
+    """The vision tower's dense lesson, from the merged tokens (one per block): the expert's move from
+    every open block, which block holds the agent, and which of its four neighbours are open."""
+    f = torch.nn.functional
+    logits = head(vision)
+    move = torch.cat([s.labels.move for s in samples])
+    open_ = torch.cat([s.labels.open for s in samples])
+    here = torch.zeros(len(move))
+    blocks = len(move) // len(samples)
+    here[torch.tensor([i * blocks + s.agent for i, s in enumerate(samples)])] = 1.0
+    on = move != IGNORE
+    return (f.cross_entropy(logits[:, :5], move, ignore_index=IGNORE)
+            + f.binary_cross_entropy_with_logits(logits[:, 5], here)
+            + f.binary_cross_entropy_with_logits(logits[on, 6:], open_[on]))
+
+
+def loss_and_accuracy(model, enc: Encoder, samples: list[Sample], aux_head=None):
+    """(the action's mean token NLL, the share of samples whose every target token is the argmax, i.e.
+    what greedy decoding reproduces, and the vision tower's auxiliary loss or None)."""
+    from grpo.forward import token_logprobs
+
+    batch = enc.batch(samples)
+    mask = batch.per_token[0]
+    run = _Capture(model)
+    lp = token_logprobs(run, batch, mask=mask)
+    loss = -(lp.sum(1) / mask.sum(1)).mean()
+    aux = None if aux_head is None else aux_loss(aux_head, run.vision, samples)
+    with torch.no_grad():
+        hit = (run.logits[:, :-1].argmax(-1) == batch.input_ids[:, 1:]) | (mask[:, 1:] == 0)
+        acc = hit.all(1).float().mean().item()
+    return loss, acc, aux
+
+
+def state_accuracy(model, enc: Encoder, samples: list[Sample], chunk: int = 64) -> float:
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        hits = sum(loss_and_accuracy(model, enc, samples[i:i + chunk])[1] * len(samples[i:i + chunk])
+                   for i in range(0, len(samples), chunk))
+    model.train(was)
+    return hits / len(samples)
+
+
+# ------------------------------------------------------------------------------------ greedy episodes
+def greedy_replies(model, enc: Encoder, samples: list[Sample], max_new_tokens: int) -> list[str]:
+    """Greedy replies to a batch of turns, the vision placeholders banned as vLLM's rollouts ban them."""
+    from grpo.forward import expand
+
+    seqs = [expand(enc.processor, enc.prompt(s.text), [s.image]) for s in samples]
+    width = max(len(s.input_ids) for s in seqs)
+    pad = enc.tok.pad_token_id
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):  # left padding: every row's next token lands in the last column
+        ids[i, width - len(s.input_ids):] = s.input_ids
+        attn[i, width - len(s.input_ids):] = 1
+    out = model.generate(
+        input_ids=ids, attention_mask=attn, pixel_values=torch.cat([s.pixel_values for s in seqs]),
+        image_grid_thw=torch.cat([s.image_grid_thw for s in seqs]),
+        mm_token_type_ids=(ids == enc.processor.image_token_id).long(),
+        max_new_tokens=max_new_tokens, do_sample=False, suppress_tokens=sorted(enc.chat.vision_ids),
+        eos_token_id=enc.tok.eos_token_id, pad_token_id=pad,
+    )
+    return [enc.tok.decode(row[width:], skip_special_tokens=True) for row in out]
+
+
+def greedy_episodes(model, enc: Encoder, seeds, options: dict,
+                    max_new_tokens: int = mc.MAX_TOKENS_PER_TURN) -> list[dict]:
+    """One greedy episode per seed, all live episodes batched per turn; per episode: success, turns,
+    wall bumps, parse errors and how it ended."""
+    episodes = []
+    for seed in seeds:
+        env = envs.make(mc.ENV, **options)
+        first = env.reset(int(seed))
+        episodes.append({"env": env, "first": first, "turn": Sample(first.text, first.images[0], "", None),
+                         "seed": int(seed), "wall_bumps": 0, "parse_errors": 0})
+    was = model.training
+    model.eval()
+    live = episodes
+    with torch.no_grad():
+        while live:
+            replies = greedy_replies(model, enc, [e["turn"] for e in live], max_new_tokens)
+            still = []
+            for e, reply in zip(live, replies):
+                res = e["env"].step(reply)
+                e["wall_bumps"] += int(res.info["wall_bump"])
+                e["parse_errors"] += int(res.info["parse_error"])
+                if res.done:
+                    e["result"] = res.info
+                else:
+                    obs = res.observation
+                    e["turn"] = Sample(f"{e['first'].text}\n{obs.text}", obs.images[0], "", None)
+                    still.append(e)
+            live = still
+    model.train(was)
+    out = []
+    for e in episodes:
+        info = e["result"]
+        ended = "solved" if info["success"] else "out_of_turns" if info["truncated"] else "stopped_off_target"
+        out.append({"seed": e["seed"], "success": bool(info["success"]), "turns": info["turn"], "ended": ended,
+                    "wall_bumps": e["wall_bumps"], "parse_errors": e["parse_errors"]})
+    return out
+
+
+def summarize(episodes: list[dict]) -> dict:
+    n = len(episodes)
+    ends: dict[str, int] = {}
+    for e in episodes:
+        ends[e["ended"]] = ends.get(e["ended"], 0) + 1
+    return {"success": sum(e["success"] for e in episodes) / n,
+            "mean_turns": round(sum(e["turns"] for e in episodes) / n, 2),
+            "wall_bumps": sum(e["wall_bumps"] for e in episodes),
+            "parse_errors": sum(e["parse_errors"] for e in episodes), "ended": ends,
+            "solved": [e["seed"] for e in episodes if e["success"]]}
+
+
+# ---------------------------------------------------------------------------------------- training
+def lr_at(step: int, peak: float, warmup: int, total: int, floor_ratio: float) -> float:
+    """Linear warmup, then cosine decay to peak * floor_ratio at `total` steps."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, total - warmup))
+    floor = peak * floor_ratio
+    return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def placed_states(options: dict, seeds, rng: random.Random):
+    """Images of the agent on a random open block of each maze, labelled for the vision tower only."""
+    env = envs.make(mc.ENV, **options)
+    for seed in seeds:
+        env.reset(seed)
+        maze = env.maze
+        opened = [(r, c) for r in range(maze.size) for c in range(maze.size) if maze.is_open((r, c))]
+        r, c = rng.choice(opened)
+        yield Sample("", render(maze, (r, c), options["cell_px"]), "", block_labels(maze), r * maze.size + c)
+
+
+def pretrain_vision(model, head, processor, cfg: "SFTConfig", rng: random.Random, log, t0: float) -> None:
+    """Phase 1: the vision tower and its merger alone learn the dense block labels. No language model runs,
+    so a step costs a fraction of a full one, and every image teaches all of its blocks."""
+    visual = model.model.visual
+    params = list(visual.parameters()) + list(head.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.vision_lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    seeds = iter(range(VISION_SEED_BASE, VISION_SEED_BASE + 10**8))
+    states = placed_states(cfg.env_options, seeds, rng)
+    for step in range(cfg.vision_steps):
+        lr = lr_at(step, cfg.vision_lr, cfg.warmup_steps, cfg.vision_steps, cfg.min_lr_ratio)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        samples = [next(states) for _ in range(cfg.batch_size)]
+        pixels = processor.image_processor(images=[s.image for s in samples], return_tensors="pt")
+        out = visual(pixels["pixel_values"], grid_thw=pixels["image_grid_thw"])
+        loss = aux_loss(head, out.pooler_output, samples)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        _log(log, {"vision_step": step + 1, "aux_loss": round(loss.item(), 4), "lr": round(lr, 7),
+                   "wall_s": round(time.perf_counter() - t0, 2)}, echo=(step + 1) % 50 == 0)
+
+
+def _log(fh, record: dict, echo: bool = True) -> None:
+    line = json.dumps(record)
+    fh.write(line + "\n")
+    fh.flush()
+    if echo:
+        print(line, flush=True)
+
+
+def train(cfg: SFTConfig) -> dict:
+    """Train, evaluate on the way, keep the checkpoint that lands in the band, save it to `cfg.out`."""
+    from grpo import tiny_models
+    from grpo.forward import load_model, load_processor
+
+    t0 = time.perf_counter()
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    stage = out.with_name(out.name + ".building")  # renamed into place only when finished
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    scratch = Path(tempfile.mkdtemp(prefix="maze-sft-"))
+    try:
+        init = tiny_models.build("vl", scratch / "init", seed=cfg.seed, preset=cfg.preset)
+        processor, model = load_processor(init), load_model(init)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    model.train()
+    enc = Encoder(processor)
+    torch.manual_seed(cfg.seed)
+    aux_head = torch.nn.Linear(model.config.text_config.hidden_size, 5 + 1 + 4) if cfg.aux_weight > 0 else None
+    rng = random.Random(cfg.seed)
+    stream = state_stream(cfg.env_options, cfg.noise, cfg.wander, cfg.max_wander, rng)
+    held, env = [], envs.make(mc.ENV, **cfg.env_options)
+    held_rng = random.Random(cfg.seed + 1)
+    for s in mc.UNSEEN_SEEDS:  # unseen mazes, so this accuracy is not memory either
+        held += noisy_expert_states(env, s, cfg.noise, held_rng)
+        if len(held) >= cfg.held_states:
+            break
+    held = held[: cfg.held_states]
+
+    params = [p for p in model.parameters()] + (list(aux_head.parameters()) if aux_head is not None else [])
+    opt = torch.optim.AdamW(
+        [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(0.9, 0.95))
+    log = open(stage / "sft_log.jsonl", "w")
+    _log(log, {"config": asdict(cfg), "params": sum(p.numel() for p in model.parameters()),
+               "torch": torch.__version__})
+    if cfg.vision_steps:
+        if aux_head is None:
+            raise ValueError("vision_steps needs aux_weight > 0: the vision phase learns the auxiliary labels")
+        pretrain_vision(model, aux_head, processor, cfg, rng, log, t0)
+
+    # The evaluated and saved weights: an exponential moving average of the trained ones when cfg.ema > 0.
+    shown = copy.deepcopy(model) if cfg.ema > 0 else model
+    kept = None  # (state dict, eval record) of the latest evaluation inside the band
+    last_success, next_eval, step = 0.0, cfg.eval_every, 0
+    while step < cfg.max_steps:
+        lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        samples = [next(stream) for _ in range(cfg.batch_size)]
+        loss, acc, aux = loss_and_accuracy(model, enc, samples, aux_head)
+        opt.zero_grad(set_to_none=True)
+        (loss + cfg.aux_weight * aux if aux is not None else loss).backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip).item()
+        opt.step()
+        step += 1
+        if cfg.ema > 0:
+            decay = min(cfg.ema, step / (step + 10))  # early on, do not drag the untrained start along
+            with torch.no_grad():
+                for avg, p in zip(shown.parameters(), model.parameters()):
+                    avg.lerp_(p, 1 - decay)
+        _log(log, {"step": step, "loss": round(loss.item(), 5), "state_accuracy": round(acc, 4),
+                   "aux_loss": None if aux is None else round(aux.item(), 4), "lr": round(lr, 7),
+                   "grad_norm": round(grad_norm, 4), "wall_s": round(time.perf_counter() - t0, 2)},
+             echo=step % 20 == 0)
+        if step < next_eval and step < cfg.max_steps:
+            continue
+        te = time.perf_counter()
+        record = {"step": step, "state_accuracy": round(state_accuracy(shown, enc, held), 4)}
+        if record["state_accuracy"] < cfg.greedy_from:
+            record.update(eval_s=round(time.perf_counter() - te, 1), wall_s=round(time.perf_counter() - t0, 1))
+            _log(log, {"eval": record})
+            next_eval = step + cfg.eval_every
+            continue
+        summary = summarize(greedy_episodes(shown, enc, cfg.eval_seeds, cfg.env_options))
+        record = {"step": step, "eval_success": summary["success"], **record,
+                  **{k: v for k, v in summary.items() if k != "success"},
+                  "eval_s": round(time.perf_counter() - te, 1), "wall_s": round(time.perf_counter() - t0, 1)}
+        _log(log, {"eval": record})
+        last_success = summary["success"]
+        if cfg.band_low <= last_success <= cfg.band_high:
+            kept = ({k: v.detach().clone() for k, v in shown.state_dict().items()}, record)
+            if last_success >= cfg.stop_at:
+                break
+        elif last_success > cfg.band_high:
+            break
+        next_eval = step + cfg.fine_eval_every
+
+    if kept is None:
+        log.close()
+        raise RuntimeError(
+            f"no evaluation landed in [{cfg.band_low}, {cfg.band_high}] (last success {last_success:.3f} at step "
+            f"{step}): raise max_steps if it ended below the band, lower fine_eval_every if it jumped over it")
+    shown.load_state_dict(kept[0])
+    chosen = kept[1]
+    unseen = summarize(greedy_episodes(shown, enc, cfg.unseen_seeds, cfg.env_options))
+    shown.save_pretrained(stage, safe_serialization=True)
+    processor.save_pretrained(stage)
+    result = {"eval_success": chosen["eval_success"], "state_accuracy": chosen["state_accuracy"],
+              "step": chosen["step"], "unseen_success": unseen["success"], "unseen_ended": unseen["ended"],
+              "wall_s": round(time.perf_counter() - t0, 1), "threads": cfg.threads, "options": asdict(cfg)}
+    _log(log, {"result": result}, echo=False)
+    log.close()
+    if out.exists():
+        shutil.rmtree(out)
+    stage.rename(out)
+    return result
+
+
+def ensure_warmstart(path: str | Path = mc.WARMSTART) -> Path:
+    """The warm-start folder, trained first only when it is missing (the repo ships one)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        train(SFTConfig(out=str(path)))
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m examples.maze.sft", description=__doc__.split("\n\n")[0])
+    for f in fields(SFTConfig):
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    cfg = SFTConfig(**vars(ap.parse_args(argv)))
+    print(json.dumps(train(cfg)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
