@@ -37,7 +37,7 @@ def main(argv=None) -> dict:
     import torch
 
     from grpo import forward, lora, tiny_models
-    from rollout.engine import EngineConfig
+    from rollout.engine import EngineConfig, vllm_prompts
     from rollout.worker import RolloutConfig, RolloutWorker, Task
     from sync import AdapterStore
 
@@ -67,8 +67,6 @@ def main(argv=None) -> dict:
     worker.engine.generate = recording
     worker.rollout(tasks[:2], 2, cfg)  # warm-up: vLLM's first calls are several times slower
 
-    from vllm.inputs import TokensPrompt
-
     from sync.hotload import HotLoader
 
     lora_request = HotLoader.request(worker.engine.adapters.current)
@@ -79,12 +77,7 @@ def main(argv=None) -> dict:
         llm.reset_prefix_cache()
         t0, tokens = time.perf_counter(), 0
         for requests, sampling, lengths in recorded:
-            prompts = []
-            for r in requests:
-                p = TokensPrompt(prompt_token_ids=list(r.prompt_ids))
-                if r.images:
-                    p["multi_modal_data"] = {"image": list(r.images)}
-                prompts.append(p)
+            prompts = vllm_prompts(requests)
             # The worker's own sampling parameters; only the budget is pinned to what each request produced.
             params = [worker.engine.sampling_params(sampling, max_tokens=n, min_tokens=n, ignore_eos=True, **extra)
                       for n in lengths]

@@ -122,17 +122,10 @@ class Engine:
 
     def generate(self, requests: list[Request], sampling: Sampling, use_adapter: bool = True) -> list[Generation]:
         """One engine call for the whole batch: vLLM schedules all sequences together."""
-        from vllm.inputs import TokensPrompt
-
         if self._asleep:
             raise RuntimeError("the engine is asleep: call wake_up() before generating")
         params = self.sampling_params(sampling)
-        prompts = []
-        for r in requests:
-            p = TokensPrompt(prompt_token_ids=list(r.prompt_ids))
-            if r.images:
-                p["multi_modal_data"] = {"image": list(r.images)}
-            prompts.append(p)
+        prompts = vllm_prompts(requests)
         lora = None
         if use_adapter and self.adapters is not None:
             lora = HotLoader.request(self.adapters.current)
@@ -157,3 +150,16 @@ class Engine:
             self.llm.wake_up()
             self.llm.reset_prefix_cache()
             self._asleep = False
+
+
+def vllm_prompts(requests: list[Request]) -> list:
+    """vLLM's prompt dicts for compact token ids plus their images."""
+    from vllm.inputs import TokensPrompt
+
+    prompts = []
+    for r in requests:
+        p = TokensPrompt(prompt_token_ids=list(r.prompt_ids))
+        if r.images:
+            p["multi_modal_data"] = {"image": list(r.images)}
+        prompts.append(p)
+    return prompts
