@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Hashable, Optional
 
 if TYPE_CHECKING:  # PIL is only needed by environments that draw; keep `import envs` light.
     from PIL.Image import Image
@@ -41,3 +41,9 @@ class Env(ABC):
     @abstractmethod
     def step(self, action_text: str) -> StepResult:
         """Apply the model's reply (raw text, parsed by the env) and say what happened."""
+
+    def state_key(self) -> Optional[Hashable]:
+        """A key that is equal exactly when two moments of episodes of the same task are the same state
+        (the maze: the agent's block), or None. The rollout records it before every turn; step-level
+        advantages compare the actions taken from equal states across a group. Keep it small and picklable."""
+        return None

@@ -141,7 +141,10 @@ def expert_action(maze: Maze, position: Cell) -> str:
 class MazeEnv(Env):
     """Options: `size` blocks per side (odd, >= 5), `cell_px` pixels per block, `max_turns` (the stop
     counts as a turn), `format_reward` added on every turn whose action parsed (keep it small next to the
-    task reward of 1), `keep_images` whether the rollout keeps earlier images in the conversation.
+    task reward of 1), `progress_reward` times the moves by which a turn shortened the way to the target
+    (negative when it lengthened it; a potential-based shaping, so the best policy stays the shortest
+    path; 0: the sparse task reward only), `keep_images` whether the rollout keeps earlier images in the
+    conversation. `info["task_reward"]` is always the sparse 1-on-success alone.
     """
 
     def __init__(
@@ -150,6 +153,7 @@ class MazeEnv(Env):
         cell_px: int = 32,
         max_turns: int = DEFAULT_MAX_TURNS,
         format_reward: float = 0.0,
+        progress_reward: float = 0.0,
         keep_images: bool = False,  # the latest image shows the whole state; older ones only cost tokens
     ):
         _check_size(size)
@@ -157,11 +161,16 @@ class MazeEnv(Env):
         _check_int("max_turns", max_turns, 1, "the final stop counts as a turn")
         if isinstance(format_reward, bool) or not isinstance(format_reward, (int, float)):
             raise ValueError(f"MazeEnv format_reward={format_reward!r} is not allowed: a number (default 0)")
+        if isinstance(progress_reward, bool) or not isinstance(progress_reward, (int, float)) or progress_reward < 0:
+            raise ValueError(f"MazeEnv progress_reward={progress_reward!r} is not allowed: a number >= 0 (e.g. 0.05; "
+                             "0 keeps the sparse reward)")
         if not isinstance(keep_images, bool):
             raise ValueError(f"MazeEnv keep_images={keep_images!r} is not allowed: True or False")
         self.size, self.cell_px, self.max_turns = size, cell_px, max_turns
         self.format_reward, self.keep_images = float(format_reward), keep_images
+        self.progress_reward = float(progress_reward)
         self._maze: Optional[Maze] = None
+        self._distance: dict[Cell, int] = {}
         self._position: Cell = (0, 0)
         self._turn = 0
         self._done = True
@@ -184,6 +193,10 @@ class MazeEnv(Env):
     def done(self) -> bool:
         return self._done
 
+    def state_key(self) -> Cell:
+        # The image shows the layout and the agent; the layout is the task's, so the block is the state.
+        return tuple(self._position)
+
     def render(self) -> Image.Image:
         """The current state as an image (the same state gives the same bytes)."""
         return render(self.maze, self._position, self.cell_px)
@@ -191,12 +204,14 @@ class MazeEnv(Env):
     def reset(self, seed: int) -> Observation:
         self._maze = generate_maze(self.size, seed)
         self._position, self._turn, self._done = self._maze.start, 0, False
+        self._distance = distances_to(self._maze, self._maze.target) if self.progress_reward else {}
         return Observation(text=self._rules(), images=[self.render()])
 
     def step(self, action_text: str) -> StepResult:
         if self._done:
             raise RuntimeError("the episode is over (or never started): call reset(seed)")
         self._turn += 1
+        before = self._position
         action = parse_action(action_text)
         wall_bump = success = False
         if action is None:
@@ -234,6 +249,8 @@ class MazeEnv(Env):
             "truncated": truncated,
         }
         reward = task_reward + (self.format_reward if action is not None else 0.0)
+        if self.progress_reward:
+            reward += self.progress_reward * (self._distance[before] - self._distance[self._position])
         return StepResult(Observation(text=feedback, images=[self.render()]), reward, self._done, info)
 
     def _rules(self) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Hashable, Sequence
 
 import torch
 
@@ -38,3 +39,58 @@ def group_advantages(rewards: torch.Tensor, config: AlgorithmConfig) -> GroupAdv
     adv = torch.where(zero_signal[:, None], torch.zeros_like(adv), adv)
     keep = ~zero_signal if config.drop_zero_signal_groups else torch.ones_like(zero_signal)
     return GroupAdvantages(advantages=adv, zero_signal=zero_signal, keep=keep)
+
+
+@dataclass(frozen=True)
+class StepAdvantages:
+    advantages: list[list[float]]  # per episode, one value per turn; 0 where a turn's state has no peers
+    anchored_share: float  # the share of turns whose state at least one other turn of the group also had
+
+
+def discounted_returns(turn_rewards: Sequence[float], gamma: float) -> list[float]:
+    """R_t = r_t + gamma * R_{t+1}: the reward still to come from each turn."""
+    out, running = [0.0] * len(turn_rewards), 0.0
+    for t in range(len(turn_rewards) - 1, -1, -1):
+        running = float(turn_rewards[t]) + gamma * running
+        out[t] = running
+    return out
+
+
+def step_advantages(turn_rewards: Sequence[Sequence[float]], turn_states: Sequence[Sequence[Hashable]],
+                    group_ids: Sequence[int], config: AlgorithmConfig) -> StepAdvantages:
+    """GiGPO's step-level advantages: all turns of one group that began in the same env state (an "anchor
+    state", `turn_states`, None for unknown) form a step group; each turn's discounted return
+    (`config.step_gamma`) is compared with that step group's mean, and divided by its std + eps with
+    scale_rewards="group". A turn alone in its step group, or in one whose returns are all equal, gets 0.
+
+    In a maze, the episodes of a group share the start and often the blocks after it: from one block, the
+    move that reached the target sooner scores above the one that wandered, inside episodes that all
+    succeeded or all failed too, where the episode-level advantage is 0.
+    """
+    if not (len(turn_rewards) == len(turn_states) == len(group_ids)):
+        raise ValueError(f"{len(turn_rewards)} reward lists, {len(turn_states)} state lists and {len(group_ids)} "
+                         "group ids: one of each per episode")
+    returns, buckets = [], {}
+    for i, (rewards, states, group) in enumerate(zip(turn_rewards, turn_states, group_ids)):
+        if len(rewards) != len(states):
+            raise ValueError(f"episode {i} has {len(rewards)} turn rewards but {len(states)} turn states")
+        returns.append(discounted_returns(rewards, config.step_gamma))
+        for t, state in enumerate(states):
+            if state is not None:
+                buckets.setdefault((group, state), []).append((i, t))
+    adv = [[0.0] * len(r) for r in returns]
+    anchored = 0
+    for members in buckets.values():
+        if len(members) < 2:
+            continue
+        anchored += len(members)
+        r = torch.tensor([returns[i][t] for i, t in members], dtype=torch.float64)
+        if bool((r == r[0]).all()):
+            continue
+        a = r - r.mean()
+        if config.scale_rewards == "group":
+            a = a / (r.std() + config.eps)
+        for (i, t), v in zip(members, a.tolist()):
+            adv[i][t] = v
+    turns = sum(len(r) for r in returns)
+    return StepAdvantages(advantages=adv, anchored_share=anchored / turns if turns else 0.0)

@@ -81,6 +81,10 @@ class AlgorithmConfig:
     kl_coef: float = 0.0  # weight of the KL penalty to the reference (base) model; 0 turns it off
     kl_estimator: str = "k3"  # "k1" | "k2" | "k3" (Schulman's estimators of KL(policy || reference))
     tis_cap: Optional[float] = None  # truncated importance sampling vs the sampler's logprobs; None: off
+    # Step-level advantages (GiGPO's "anchor states"): each turn also gets its discounted return against
+    # the other turns of its group taken from the same env state (Env.state_key), weighted by this; 0: off.
+    step_weight: float = 0.0
+    step_gamma: float = 0.95  # discount of the step-level return: sooner success from the same state is better
 
     def __post_init__(self):
         check_number(self, "group_size", integer=True, ge=2, hint="a group of one has no baseline")
@@ -100,3 +104,5 @@ class AlgorithmConfig:
         check_number(self, "kl_coef", ge=0)
         check_choice(self, "kl_estimator", ("k1", "k2", "k3"))
         check_number(self, "tis_cap", ge=1, optional=True, hint="e.g. 2.0; a cap below 1 shrinks on-policy tokens")
+        check_number(self, "step_weight", ge=0, hint="GiGPO uses 1.0; 0 turns step-level advantages off")
+        check_number(self, "step_gamma", gt=0, le=1, hint="e.g. 0.95")

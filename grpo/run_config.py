@@ -8,6 +8,7 @@ that names the field (`algorithm.clip_low`), the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,7 +206,7 @@ class RunConfig:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"config file {str(path)!r} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=_loader()) or {}
         if not isinstance(data, dict):
             raise ValueError(f"{path}: the top level must be a mapping of fields, got {type(data).__name__}")
         apply_overrides(data, overrides)
@@ -245,7 +246,20 @@ def apply_overrides(data: dict, overrides: list[str]) -> None:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ValueError(f"override --{key}: {p} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = yaml.load(raw, Loader=_loader())
+
+
+def _loader():
+    """PyYAML's safe loader, except that `1e-3` is a number (YAML 1.1 wants `1.0e-3` and reads `1e-3` as a
+    string, which every learning rate typed by hand runs into)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+        r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
+    return Loader
 
 
 def _build(cls, data: dict, where: str):

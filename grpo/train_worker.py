@@ -30,7 +30,25 @@ from rollout import runtime
 @dataclass(frozen=True)
 class _Item:
     segment: Any  # rollout.trajectory.Segment
-    advantage: float
+    advantages: torch.Tensor  # per token of the segment: its turn's advantage on generated tokens, 0 elsewhere
+
+
+def token_advantages(trajectory, advantage: float | Sequence[float]) -> list[torch.Tensor]:
+    """Per segment of `trajectory`, a per-token tensor: `advantage` on every generated token, or with one
+    value per turn, each turn's value on that turn's reply."""
+    spans = trajectory.turn_spans()
+    per_turn = None if isinstance(advantage, (int, float)) else [float(a) for a in advantage]
+    if per_turn is not None and len(per_turn) != sum(len(s) for s in spans):
+        raise ValueError(f"trajectory {trajectory.task_id} has {sum(len(s) for s in spans)} generated replies but "
+                         f"{len(per_turn)} per-turn advantages: one per turn")
+    out, turn = [], 0
+    for seg, runs in zip(trajectory.segments, spans):
+        t = torch.zeros(len(seg.token_ids), dtype=torch.float32)
+        for start, end in runs:
+            t[start:end] = float(advantage) if per_turn is None else per_turn[turn]
+            turn += 1
+        out.append(t)
+    return out
 
 
 @dataclass(frozen=True)
@@ -123,7 +141,8 @@ class TrainWorker:
     def train_step(self, trajectories: Sequence, advantages: Sequence[float] | torch.Tensor) -> dict[str, float]:
         """One batch: `updates_per_batch` optimizer updates over mini-batches of its segments.
 
-        `advantages[i]` applies to every generated token of every segment of `trajectories[i]`. Call it
+        `advantages[i]` applies to every generated token of `trajectories[i]`: one number, or a list with
+        one number per turn (step-level advantages) that applies to that turn's reply. Call it
         on every rank with the same whole batch. Returns metrics reduced over ranks (identical on each):
         loss (mean over updates), clip_fraction, ratio_mean, kl (with kl_coef > 0), sampler_abs_diff and
         sampler_abs_diff_max (trainer vs vLLM logprobs of the sampled tokens: the alarm for a silent sync
@@ -132,11 +151,11 @@ class TrainWorker:
         """
         self._require_setup()
         t0 = time.perf_counter()
-        advantages = [float(a) for a in (advantages.tolist() if torch.is_tensor(advantages) else advantages)]
+        advantages = advantages.tolist() if torch.is_tensor(advantages) else list(advantages)
         if len(advantages) != len(trajectories):
             raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages: one per trajectory")
-        items = [_Item(seg, adv) for traj, adv in zip(trajectories, advantages)
-                 for seg in traj.segments if seg.num_generated > 0]
+        items = [_Item(seg, adv) for traj, a in zip(trajectories, advantages)
+                 for seg, adv in zip(traj.segments, token_advantages(traj, a)) if seg.num_generated > 0]
         lr = self.train.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -146,7 +165,8 @@ class TrainWorker:
             # a resumed run stay aligned with the caller's steps.
             return {"step": float(self.step), "lr": lr, "skipped": 1.0, "updates": 0.0}
 
-        plans = [self._plan(items, chunk) for chunk in _split(len(items), self.train.updates_per_batch)]
+        plans = [self._plan(items, chunk)
+                 for chunk in _split(len(items), self.train.updates_per_batch, self.train.seed * 1_000_003 + self.step)]
         expanded = {i: self._expand(items[i]) for plan in plans for mb, _ in plan.schedule() for i in mb}
         scored = self._score(plans, expanded) if self.train.updates_per_batch > 1 else None
 
@@ -202,6 +222,7 @@ class TrainWorker:
         return forward.expand(self.processor, seg.token_ids, seg.images, [
             torch.as_tensor(seg.loss_mask, dtype=torch.long),
             torch.as_tensor(seg.sampler_logprobs, dtype=torch.float32),
+            item.advantages,
         ])
 
     def _batch(self, indices: list[int], expanded: dict, extra: dict | None = None) -> forward.Batch:
@@ -255,16 +276,15 @@ class TrainWorker:
                 # Reduce-scatter the accumulated gradients once, after the last micro-batch.
                 self.model.set_requires_gradient_sync(k == len(schedule) - 1)
             batch = self._batch(indices, expanded, scored)
-            mask, sampler = batch.per_token[0], batch.per_token[1]
+            mask, sampler, adv = batch.per_token[0], batch.per_token[1], batch.per_token[2]
             if scored is None:
                 ref = self._reference(batch, mask)
                 logprobs = forward.token_logprobs(self.model, batch, mask, self.train.temperature)
                 old = logprobs.detach()
             else:
-                old = batch.per_token[2]
-                ref = batch.per_token[3] if len(batch.per_token) > 3 else None
+                old = batch.per_token[3]
+                ref = batch.per_token[4] if len(batch.per_token) > 4 else None
                 logprobs = forward.token_logprobs(self.model, batch, mask, self.train.temperature)
-            adv = torch.tensor([items[i].advantage for i in indices], dtype=logprobs.dtype, device=self.device)
             out = policy_loss(logprobs, old, adv, mask, self.algorithm, plan.normalizer / self.world_size,
                               ref_logprobs=ref, sampler_logprobs=sampler)
             # A filler pass only keeps this rank's collectives in step with the others: zero weight.
@@ -418,8 +438,9 @@ class TrainGroup:
 
         if torch.is_tensor(advantages):
             advantages = advantages.tolist()
+        advantages = [float(a) if isinstance(a, (int, float)) else [float(x) for x in a] for a in advantages]
         # One copy in the object store, read by every rank.
-        metrics = self._all("train_step", ray.put(list(trajectories)), ray.put([float(a) for a in advantages]))[0]
+        metrics = self._all("train_step", ray.put(list(trajectories)), ray.put(advantages))[0]
         self.step = int(metrics["step"])
         return metrics
 
@@ -461,11 +482,14 @@ class TrainGroup:
             self._pg = None
 
 
-def _split(n: int, parts: int) -> list[list[int]]:
-    """0..n-1 in `parts` contiguous, near-equal mini-batches (fewer when n < parts)."""
+def _split(n: int, parts: int, seed: int) -> list[list[int]]:
+    """0..n-1 dealt into `parts` near-equal mini-batches (fewer when n < parts), shuffled by `seed`: items
+    arrive task by task, and an update on one task's episodes alone would chase that maze. Every rank
+    draws the same permutation from the same seed."""
     parts = min(parts, n)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist() if parts > 1 else list(range(n))
     bounds = [n * k // parts for k in range(parts + 1)]
-    return [list(range(bounds[k], bounds[k + 1])) for k in range(parts)]
+    return [sorted(order[bounds[k]:bounds[k + 1]]) for k in range(parts)]
 
 
 def _shard(indices: list[int], lengths: dict[int, int], world_size: int) -> list[list[int]]:

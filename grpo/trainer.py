@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from grpo import checkpoint
-from grpo.advantages import group_advantages
+from grpo.advantages import group_advantages, step_advantages
 from grpo.metrics import MetricsSink, plot_curves
 from grpo.run_config import RunConfig
 from rollout import runtime
@@ -63,8 +63,9 @@ class Trainer:
     # -------------------------------------------------------------------------------------------- loop
     def fit(self) -> dict:
         cfg = self.config
-        self._start()
+        restore = _exit_on_sigterm()
         try:
+            self._start()
             state = self._resume_or_begin()
             sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state["cursor"])
             rollout_cfg = cfg.rollout.rollout_config()
@@ -73,10 +74,10 @@ class Trainer:
                 t0 = time.perf_counter()
                 trajs, rstats = self.pool.rollout(sampler.take(cfg.tasks_per_step), cfg.group_size, rollout_cfg)
                 self._check_versions(trajs, state["version"])
-                adv, kept, zero = self._advantages(trajs)
+                adv, kept, signal = self._advantages(trajs)
                 t1 = time.perf_counter()
                 self.pool.sleep()
-                tstats = self.group.train_step([trajs[i] for i in kept], adv[kept])
+                tstats = self.group.train_step([trajs[i] for i in kept], [adv[i] for i in kept])
                 t2 = time.perf_counter()
                 state["version"] = self.group.publish(self.store_root)
                 self.pool.wake_up()
@@ -85,7 +86,7 @@ class Trainer:
                 state["step"], state["cursor"] = step + 1, sampler.cursor
                 record = {"step": step + 1, "rollout_adapter_version": rstats_version(trajs),
                           "adapter_version": state["version"],
-                          "rollout": rstats.as_dict(), "train": tstats, "zero_signal_groups": zero,
+                          "rollout": rstats.as_dict(), "train": tstats, **signal,
                           "time": {"rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0}}
                 if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
                     record["eval"] = state["evals"][str(step + 1)] = self.evaluate()
@@ -99,6 +100,7 @@ class Trainer:
             return self._finish(state)
         finally:
             self.close()
+            restore()
 
     def evaluate(self, seeds=None) -> dict:
         """Greedy episodes on the fixed evaluation seeds with the adapter the workers serve now."""
@@ -110,12 +112,26 @@ class Trainer:
                 "solved_seeds": [t.seed for t in trajs if t.success]}
 
     # ------------------------------------------------------------------------------------------ pieces
-    def _advantages(self, trajs) -> tuple[torch.Tensor, torch.Tensor, int]:
-        g = self.config.group_size
+    def _advantages(self, trajs) -> tuple[list, list[int], dict]:
+        """Per episode: its group-relative advantage, or with step_weight > 0 one value per turn, the
+        episode's advantage plus step_weight x the turn's step-level advantage."""
+        algo, g = self.config.algorithm, self.config.group_size
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32).view(-1, g)
-        out = group_advantages(rewards, self.config.algorithm)
-        kept = torch.nonzero(out.keep.repeat_interleave(g)).flatten()
-        return out.advantages.flatten(), kept, int(out.zero_signal.sum())
+        out = group_advantages(rewards, algo)
+        episode = out.advantages.flatten().tolist()
+        keep = out.keep.repeat_interleave(g).tolist()
+        signal = {"zero_signal_groups": int(out.zero_signal.sum())}
+        if algo.step_weight == 0:
+            return episode, [i for i in range(len(trajs)) if keep[i]], signal
+        steps = step_advantages([t.turn_rewards for t in trajs], [t.turn_states for t in trajs],
+                                [t.group_id for t in trajs], algo)
+        adv = [[a + algo.step_weight * s for s in per_turn] for a, per_turn in zip(episode, steps.advantages)]
+        # A group with equal rewards can still rank the moves made from a shared state.
+        stepped = [any(any(steps.advantages[i]) for i in range(k * g, (k + 1) * g)) for k in range(len(trajs) // g)]
+        kept = [i for i in range(len(trajs)) if keep[i] or stepped[i // g]]
+        signal.update(step_anchored_share=steps.anchored_share,
+                      step_adv_abs_mean=_mean_abs([s for per_turn in steps.advantages for s in per_turn]))
+        return adv, kept, signal
 
     def _check_versions(self, trajs, expected: int) -> None:
         # The alarm for the worst silent failure: rollouts quietly sampling a stale adapter.
@@ -214,6 +230,26 @@ class Trainer:
             ray.shutdown()
             shutil.rmtree(self._ray_tmp, ignore_errors=True)
             self._ray_tmp = None
+
+
+def _exit_on_sigterm():
+    """Let SIGTERM (a scheduler's kill, `timeout`) unwind like Ctrl-C, so that Ray and its /tmp folder are shut
+    down; Python's default for SIGTERM exits without running `finally`. Returns the undo."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _mean_abs(values: list[float]) -> float:
+    return sum(abs(v) for v in values) / len(values) if values else 0.0
 
 
 def rstats_version(trajs) -> int:

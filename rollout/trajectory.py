@@ -38,6 +38,7 @@ class Trajectory:
     success: bool = False
     parse_errors: int = 0
     actions: list[str] = field(default_factory=list)  # the text the env received each turn
+    turn_states: list = field(default_factory=list)  # env.state_key() as each turn began (None: not given)
     info: dict = field(default_factory=dict)
 
     @property
@@ -47,6 +48,21 @@ class Trajectory:
     @property
     def num_generated(self) -> int:
         return sum(s.num_generated for s in self.segments)
+
+    def turn_spans(self) -> list[list[tuple[int, int]]]:
+        """Per segment, the [start, end) token span of each run of generated tokens; over all segments in
+        order, run k is turn k (one segment per turn, or one segment holding every turn's reply)."""
+        spans = []
+        for seg in self.segments:
+            runs, start = [], None
+            for i, m in enumerate(seg.loss_mask + [0]):
+                if m and start is None:
+                    start = i
+                elif not m and start is not None:
+                    runs.append((start, i))
+                    start = None
+            spans.append(runs)
+        return spans
 
 
 @dataclass

@@ -55,6 +55,7 @@ class _Episode:
         self.segments: list[Segment] = []
         self.turn_rewards: list[float] = []
         self.actions: list[str] = []
+        self.turn_states: list = []
         self.parse_errors = 0
         self.success = False
         self.stop_reason: str | None = None
@@ -75,6 +76,7 @@ class _Episode:
         self.lps += gen.logprobs
         action = self.chat.action_text(gen.token_ids)
         self.actions.append(action)
+        self.turn_states.append(self.env.state_key())
         result = self.env.step(action)
         self.turn_rewards.append(float(result.reward))
         info = result.info or {}
@@ -111,7 +113,7 @@ class _Episode:
             task_id=self.task.task_id, group_id=self.group_id, seed=self.task.seed, segments=self.segments,
             turn_rewards=self.turn_rewards, num_turns=len(self.turn_rewards), stop_reason=self.stop_reason,
             adapter_version=adapter_version, success=self.success, parse_errors=self.parse_errors,
-            actions=self.actions, info=dict(self.info),
+            actions=self.actions, turn_states=self.turn_states, info=dict(self.info),
         )
 
 

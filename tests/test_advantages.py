@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from grpo.advantages import group_advantages
+from grpo.advantages import discounted_returns, group_advantages, step_advantages
 from grpo.config import AlgorithmConfig
 
 
@@ -65,3 +65,45 @@ def test_integer_rewards_become_float():
 def test_rewards_must_be_groups_of_at_least_two(shape):
     with pytest.raises(ValueError, match="num_groups, G"):
         group_advantages(torch.zeros(shape), AlgorithmConfig())
+
+
+def test_discounted_returns_by_hand():
+    assert discounted_returns([0, 0, 1], 0.5) == [0.25, 0.5, 1.0]
+    assert discounted_returns([1, 0, 2], 1.0) == [3.0, 2.0, 2.0]
+    assert discounted_returns([], 0.9) == []
+
+
+def test_step_advantages_compare_turns_from_the_same_state_within_a_group():
+    # Group 0: A reaches the reward two turns after state "s0", B never does; s1, s2, s3 are seen once.
+    # Group 1: C also starts in "s0", but other groups' states are never its peers.
+    rewards = [[0, 0, 1], [0, 0], [1]]
+    states = [["s0", "s1", "s2"], ["s0", "s3"], ["s0"]]
+    out = step_advantages(rewards, states, [0, 0, 1], AlgorithmConfig(step_gamma=0.5))
+    # Returns from s0: A 0.25, B 0 -> mean 0.125, sample std 0.125 * sqrt(2) -> +-1/sqrt(2).
+    assert out.advantages[0] == pytest.approx([2 ** -0.5, 0, 0], abs=1e-5)  # eps=1e-6 in the std
+    assert out.advantages[1] == pytest.approx([-(2 ** -0.5), 0], abs=1e-5)
+    assert out.advantages[2] == [0.0]
+    assert out.anchored_share == pytest.approx(2 / 6)
+    unscaled = step_advantages(rewards, states, [0, 0, 1], AlgorithmConfig(step_gamma=0.5, scale_rewards="none"))
+    assert unscaled.advantages[0][0] == pytest.approx(0.125)
+    assert unscaled.advantages[1][0] == pytest.approx(-0.125)
+
+
+def test_step_advantages_zero_for_equal_returns_unknown_states_and_revisits():
+    # A loop: "a" is visited twice in one episode, both visits are peers; equal returns give exactly 0.
+    out = step_advantages([[0, 0, 0], [0]], [["a", "b", "a"], ["a"]], [0, 0], AlgorithmConfig())
+    assert out.advantages == [[0.0, 0.0, 0.0], [0.0]]
+    assert out.anchored_share == pytest.approx(3 / 4)
+    none = step_advantages([[0, 1], [0, 0]], [[None, None], [None, None]], [0, 0], AlgorithmConfig())
+    assert none.advantages == [[0.0, 0.0], [0.0, 0.0]] and none.anchored_share == 0.0
+    # Returns 0.125, 0.25, 0.5, 1: the revisit of "a" is closer to the reward than the first visit.
+    loop = step_advantages([[0, 0, 0, 1]], [["a", "b", "a", "c"]], [0], AlgorithmConfig(step_gamma=0.5,
+                                                                                         scale_rewards="none"))
+    assert loop.advantages[0] == pytest.approx([-0.1875, 0.0, 0.1875, 0.0])
+
+
+def test_step_advantages_reject_mismatched_inputs():
+    with pytest.raises(ValueError, match="2 turn rewards but 1 turn states"):
+        step_advantages([[0, 1]], [["a"]], [0], AlgorithmConfig())
+    with pytest.raises(ValueError, match="one of each per episode"):
+        step_advantages([[0]], [["a"]], [0, 1], AlgorithmConfig())

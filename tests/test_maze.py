@@ -164,6 +164,9 @@ def test_wall_bump_leaves_agent_in_place():
     assert result.info["position"] == (7, 7) == env.position
     assert result.info["turn"] == 1 and not result.done and result.reward == 0.0
     assert "wall" in result.observation.text
+    assert env.state_key() == (7, 7)
+    env.step("('move', 1)")
+    assert env.state_key() == env.position == (6, 7)
 
 
 def test_parse_error_costs_a_turn_and_earns_no_format_reward():
@@ -278,3 +281,21 @@ def test_render_cli_saves_the_first_image(tmp_path, capsys):
     env = MazeEnv(size=7)
     assert Image.open(out).convert("RGB").tobytes() == env.reset(5).images[0].tobytes()
     assert env.maze.ascii() in capsys.readouterr().out
+
+
+def test_progress_reward_is_the_shortening_of_the_way_to_the_target():
+    env = MazeEnv(progress_reward=0.1)
+    env.reset(0)
+    moves = expert_actions(env.maze)
+    d_start = len(moves) - 1
+    rewards = [env.step(a).reward for a in moves]
+    assert rewards[:-1] == pytest.approx([0.1] * d_start) and rewards[-1] == 1.0
+    env.reset(0)  # agent at (7, 7): a bump into the border wall changes nothing, a step back costs
+    assert env.step("('move', 0)").reward == 0.0
+    first = env.step(moves[0])
+    assert first.reward == pytest.approx(0.1) and first.info["task_reward"] == 0.0
+    back = {"('move', 0)": 2, "('move', 1)": 3, "('move', 2)": 0, "('move', 3)": 1}[moves[0]]
+    assert env.step(f"('move', {back})").reward == pytest.approx(-0.1)
+    assert MazeEnv().progress_reward == 0.0  # sparse by default
+    with pytest.raises(ValueError, match="progress_reward"):
+        MazeEnv(progress_reward=-1)

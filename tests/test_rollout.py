@@ -96,6 +96,7 @@ def test_loss_mask_covers_exactly_the_sampled_tokens_and_ids_decode_to_the_conve
         if run:
             turns.append(run)
         assert len(turns) == t.num_turns
+        assert [seg.token_ids[a:b] for a, b in t.turn_spans()[0]] == turns
         for ids, action in zip(turns, t.actions):
             text_ids = ids[:-1] if ids[-1] == eos else ids
             assert tok.decode(text_ids) == action
@@ -104,7 +105,9 @@ def test_loss_mask_covers_exactly_the_sampled_tokens_and_ids_decode_to_the_conve
         conversation = tok.decode(seg.token_ids)
         assert env.reset(t.seed).text in conversation
         pos = 0
-        for action in t.actions:
+        assert len(t.turn_states) == t.num_turns
+        for action, state in zip(t.actions, t.turn_states):
+            assert state == env.position  # the state each turn began in
             result = env.step(action)
             if not result.done:
                 found = conversation.find(result.observation.text, pos)

@@ -10,7 +10,7 @@ from grpo.config import ConfigError
 def _config(model, out, steps):
     return grpo.RunConfig(
         model=str(model), output_dir=str(out), steps=steps, tasks_per_step=2,
-        env={"name": "maze", "options": {"size": 7, "max_turns": 4}}, algorithm={"group_size": 4, "kl_coef": 0.001},
+        env={"name": "maze", "options": {"size": 7, "max_turns": 4}}, algorithm={"group_size": 4, "kl_coef": 0.001, "step_weight": 1.0},
         lora={"rank": 8, "alpha": 16.0}, train={"lr": 1e-3, "micro_batch_size": 16},
         rollout={"max_tokens_per_turn": 10, "history": "none", "max_model_len": 2048},
         eval={"seeds": "0-3", "unseen_seeds": "10000-10003", "every": 1},
@@ -32,6 +32,8 @@ def test_fit_writes_everything_and_resumes(tmp_path, tiny_vl):
         for key in ("loss", "kl", "clip_fraction", "grad_norm", "lr", "sampler_abs_diff"):
             assert key in r["train"], key
         assert set(r["time"]) == {"rollout_s", "train_s", "sync_s", "step_s"}
+        # Every episode of a group starts in the same block: at least those first turns are anchored.
+        assert 0 < r["step_anchored_share"] <= 1 and r["step_adv_abs_mean"] >= 0
         # The trainer scores exactly what vLLM sampled, with the adapter vLLM sampled with.
         assert r["train"]["sampler_abs_diff_max"] <= 1e-4
     # Each step's rollout used the version the previous step published (v1: the fresh adapter).
@@ -79,11 +81,61 @@ def test_yaml_overrides_and_dry_run(tmp_path, tiny_vl, capsys):
     from grpo.run_config import RunConfig
 
     path = tmp_path / "c.yaml"
-    path.write_text(f"model: {tiny_vl}\nalgorithm: {{group_size: 4}}\nsteps: 5\n")
+    path.write_text(f"model: {tiny_vl}\nalgorithm: {{group_size: 4}}\nsteps: 5\ntrain: {{lr: 2e-4}}\n")
     cfg = RunConfig.from_yaml(path, ["--algo.clip_high", "0.3", "--steps=7", "--rollout.history", "none"])
     assert cfg.algorithm.clip_high == 0.3 and cfg.steps == 7 and cfg.rollout.history == "none"
+    # Exponents without a dot are numbers, in the file and on the command line (YAML 1.1 says strings).
+    assert cfg.train.lr == 2e-4
+    assert RunConfig.from_yaml(path, ["--train.lr", "1e-3"]).train.lr == 1e-3
     assert cfg.algorithm.group_size == 4
     assert train.main([str(path), "--dry-run"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["valid"] is True
     assert train.main([str(path), "--algo.clip_low", "-1", "--dry-run"]) == 2
     assert "clip_low" in capsys.readouterr().err
+
+
+_KILLED_RUN = """
+import sys
+import grpo
+sys.path.insert(0, {tests!r})
+from test_trainer import _config
+grpo.Trainer(_config({model!r}, {out!r}, steps=50)).fit()
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_mid_run_shuts_ray_down_and_keeps_the_last_checkpoint_and_adapter(tmp_path, tiny_vl):
+    import glob
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from sync import AdapterStore
+
+    out = tmp_path / "run"
+    before = set(glob.glob("/tmp/grpo-ray-*"))
+    code = _KILLED_RUN.format(tests=str(Path(__file__).parent), model=str(tiny_vl), out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 600
+        while not (out / "checkpoints" / "latest.json").is_file():
+            assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
+            time.sleep(0.5)
+        run_tmp = set(glob.glob("/tmp/grpo-ray-*")) - before
+        assert len(run_tmp) == 1  # the run's own Ray session folder, present while it runs
+        proc.send_signal(signal.SIGTERM)  # in step 2 (rollout, train, publish, eval or checkpoint)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not any(os.path.exists(d) for d in run_tmp)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert not any(d in ps for d in run_tmp), "a Ray process of the killed run is still alive"
+    latest = json.loads((out / "checkpoints" / "latest.json").read_text())
+    assert latest["step"] >= 1
+    served = AdapterStore(str(out / "store")).latest_verified()
+    assert served is not None and served.version >= 2  # step 1 published v2; whatever followed verifies too
