@@ -66,6 +66,8 @@ class Trainer:
         restore = _exit_on_sigterm()
         try:
             self._start()
+            # ray.init puts its own SIGTERM handler in place, which aborts without unwinding: ours again.
+            restore = _exit_on_sigterm(restore)
             state = self._resume_or_begin()
             sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state["cursor"])
             rollout_cfg = cfg.rollout.rollout_config()
@@ -232,20 +234,22 @@ class Trainer:
             self._ray_tmp = None
 
 
-def _exit_on_sigterm():
+def _exit_on_sigterm(undo=None):
     """Let SIGTERM (a scheduler's kill, `timeout`) unwind like Ctrl-C, so that Ray and its /tmp folder are shut
-    down; Python's default for SIGTERM exits without running `finally`. Returns the undo."""
+    down; Python's default for SIGTERM exits without running `finally`. Returns the undo (or keeps `undo`,
+    the undo of an earlier call)."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
-        return lambda: None
+        return undo or (lambda: None)
 
     def handler(signum, frame):
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+    # A handler installed from C (None here) cannot be put back from Python: the default then.
+    return undo or (lambda: signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL))
 
 
 def _mean_abs(values: list[float]) -> float:
