@@ -76,7 +76,7 @@ class Trainer:
                 t0 = time.perf_counter()
                 trajs, rstats = self.pool.rollout(sampler.take(cfg.tasks_per_step), cfg.group_size, rollout_cfg)
                 self._check_versions(trajs, state["version"])
-                adv, kept, signal = self._advantages(trajs)
+                adv, kept, credit = self._advantages(trajs)
                 t1 = time.perf_counter()
                 self.pool.sleep()
                 tstats = self.group.train_step([trajs[i] for i in kept], [adv[i] for i in kept])
@@ -88,7 +88,7 @@ class Trainer:
                 state["step"], state["cursor"] = step + 1, sampler.cursor
                 record = {"step": step + 1, "rollout_adapter_version": rstats_version(trajs),
                           "adapter_version": state["version"],
-                          "rollout": rstats.as_dict(), "train": tstats, **signal,
+                          "rollout": rstats.as_dict(), "train": tstats, **credit,
                           "time": {"rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0}}
                 if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
                     record["eval"] = state["evals"][str(step + 1)] = self.evaluate()
@@ -122,18 +122,18 @@ class Trainer:
         out = group_advantages(rewards, algo)
         episode = out.advantages.flatten().tolist()
         keep = out.keep.repeat_interleave(g).tolist()
-        signal = {"zero_signal_groups": int(out.zero_signal.sum())}
+        credit = {"zero_signal_groups": int(out.zero_signal.sum())}
         if algo.step_weight == 0:
-            return episode, [i for i in range(len(trajs)) if keep[i]], signal
+            return episode, [i for i in range(len(trajs)) if keep[i]], credit
         steps = step_advantages([t.turn_rewards for t in trajs], [t.turn_states for t in trajs],
                                 [t.group_id for t in trajs], algo)
         adv = [[a + algo.step_weight * s for s in per_turn] for a, per_turn in zip(episode, steps.advantages)]
         # A group with equal rewards can still rank the moves made from a shared state.
         stepped = [any(any(steps.advantages[i]) for i in range(k * g, (k + 1) * g)) for k in range(len(trajs) // g)]
         kept = [i for i in range(len(trajs)) if keep[i] or stepped[i // g]]
-        signal.update(step_anchored_share=steps.anchored_share,
+        credit.update(step_anchored_share=steps.anchored_share,
                       step_adv_abs_mean=_mean_abs([s for per_turn in steps.advantages for s in per_turn]))
-        return adv, kept, signal
+        return adv, kept, credit
 
     def _check_versions(self, trajs, expected: int) -> None:
         # The alarm for the worst silent failure: rollouts quietly sampling a stale adapter.

@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parents[1] / "examples" / "maze"
 
 def test_cpu_config_matches_the_warm_start_options():
     cfg = RunConfig.from_yaml(HERE / "cpu.yaml")
-    assert cfg.env.name == maze_config.ENV and cfg.env.options == maze_config.ENV_OPTIONS
+    assert cfg.env.name == maze_config.ENV and cfg.env.options == maze_config.GRPO_ENV_OPTIONS
     assert cfg.rollout.history == maze_config.HISTORY
     assert cfg.rollout.max_tokens_per_turn == maze_config.MAX_TOKENS_PER_TURN
     assert cfg.eval_seeds == list(maze_config.EVAL_SEEDS)
