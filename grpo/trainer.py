@@ -66,8 +66,6 @@ class Trainer:
         restore = _exit_on_sigterm()
         try:
             self._start()
-            # ray.init puts its own SIGTERM handler in place, which aborts without unwinding: ours again.
-            restore = _exit_on_sigterm(restore)
             state = self._resume_or_begin()
             sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state["cursor"])
             rollout_cfg = cfg.rollout.rollout_config()
@@ -207,6 +205,9 @@ class Trainer:
                 self._ray_tmp = tempfile.mkdtemp(prefix="grpo-ray-", dir="/tmp")
                 cpus = max(os.cpu_count() or 1, cfg.cluster.train_ranks + cfg.cluster.rollout_workers)
                 ray.init(num_cpus=cpus, _temp_dir=self._ray_tmp, include_dashboard=False, log_to_driver=False)
+            # ray.init puts its own SIGTERM handler in place, which aborts without unwinding: ours again
+            # (fit() puts back what was there before it).
+            _exit_on_sigterm()
         gpus = ray.cluster_resources().get("GPU", 0) > 0
         share = 0.5 if (gpus and cfg.cluster.colocate) else (1.0 if gpus else 0.0)
         self.sink = MetricsSink(self.run_dir, cfg.metrics.tensorboard, cfg.metrics.prometheus_port)
@@ -234,22 +235,21 @@ class Trainer:
             self._ray_tmp = None
 
 
-def _exit_on_sigterm(undo=None):
+def _exit_on_sigterm():
     """Let SIGTERM (a scheduler's kill, `timeout`) unwind like Ctrl-C, so that Ray and its /tmp folder are shut
-    down; Python's default for SIGTERM exits without running `finally`. Returns the undo (or keeps `undo`,
-    the undo of an earlier call)."""
+    down; Python's default for SIGTERM exits without running `finally`. Returns the undo."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
-        return undo or (lambda: None)
+        return lambda: None
 
     def handler(signum, frame):
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, handler)
     # A handler installed from C (None here) cannot be put back from Python: the default then.
-    return undo or (lambda: signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL))
+    return lambda: signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _mean_abs(values: list[float]) -> float:
