@@ -65,25 +65,31 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_curves(metrics_path: Path, out_png: Path, keys=("rollout/success_rate", "eval/success_rate",
-                                                          "rollout/mean_reward", "train/sampler_abs_diff")) -> Path | None:
+CURVES = ("rollout/success_rate", "eval/success_rate", "rollout/mean_reward", "train/sampler_abs_diff")
+
+
+def curve_series(records: list[dict], keys=CURVES, start: dict | None = None) -> dict[str, list[tuple[float, float]]]:
+    """(step, value) points per key, in `keys` order; `start` gives step-0 values (the eval before training,
+    which no step record holds)."""
+    series = {k: [(0, float(start[k]))] for k in keys if start and start.get(k) is not None}
+    for r in records:
+        flat = dict(_numbers(r))
+        for k in keys:
+            if k in flat:
+                series.setdefault(k, []).append((flat.get("step", 0), flat[k]))
+    return {k: series[k] for k in keys if k in series}
+
+
+def plot_curves(metrics_path: Path, out_png: Path, keys=CURVES, start: dict | None = None) -> Path | None:
     """One panel per curve over steps; returns the PNG's path, or None with nothing to plot."""
-    records = read_metrics(metrics_path)
-    if not records:
+    series = curve_series(read_metrics(metrics_path), keys, start)
+    if not series:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = {}
-    for r in records:
-        flat = dict(_numbers(r))
-        for k in keys:
-            if k in flat:
-                series.setdefault(k, []).append((flat.get("step", 0), flat[k]))
-    if not series:
-        return None
     fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.4 * len(series)), squeeze=False)
     for ax, (k, pts) in zip(axes[:, 0], series.items()):
         xs, ys = zip(*pts)

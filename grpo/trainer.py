@@ -165,7 +165,10 @@ class Trainer:
         cfg = self.config
         after = self.evaluate()
         unseen = self.evaluate(cfg.unseen_seeds) if cfg.unseen_seeds else None
-        curve = plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png") if cfg.metrics.plots else None
+        curve = None
+        if cfg.metrics.plots:
+            curve = plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png",
+                                start={"eval/success_rate": state["eval_before"]["success_rate"]})
         summary = {
             "eval_before": state["eval_before"]["success_rate"], "eval_after": after["success_rate"],
             "unseen_after": unseen["success_rate"] if unseen else None, "steps": state["step"],
