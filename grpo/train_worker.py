@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import time
 from dataclasses import dataclass
@@ -37,7 +38,10 @@ def token_advantages(trajectory, advantage: float | Sequence[float]) -> list[tor
     """Per segment of `trajectory`, a per-token tensor: `advantage` on every generated token, or with one
     value per turn, each turn's value on that turn's reply."""
     spans = trajectory.turn_spans()
-    per_turn = None if isinstance(advantage, (int, float)) else [float(a) for a in advantage]
+    if torch.is_tensor(advantage):
+        advantage = advantage.tolist()
+    # numbers.Real also takes numpy's scalars; anything else is one value per turn.
+    per_turn = None if isinstance(advantage, numbers.Real) else [float(a) for a in advantage]
     if per_turn is not None and len(per_turn) != sum(len(s) for s in spans):
         raise ValueError(f"trajectory {trajectory.task_id} has {sum(len(s) for s in spans)} generated replies but "
                          f"{len(per_turn)} per-turn advantages: one per turn")
@@ -438,9 +442,8 @@ class TrainGroup:
 
         if torch.is_tensor(advantages):
             advantages = advantages.tolist()
-        advantages = [float(a) if isinstance(a, (int, float)) else [float(x) for x in a] for a in advantages]
         # One copy in the object store, read by every rank.
-        metrics = self._all("train_step", ray.put(list(trajectories)), ray.put(advantages))[0]
+        metrics = self._all("train_step", ray.put(list(trajectories)), ray.put(list(advantages)))[0]
         self.step = int(metrics["step"])
         return metrics
 

@@ -37,3 +37,11 @@ def test_one_advantage_for_the_whole_episode():
 def test_wrong_number_of_turn_advantages_is_an_error():
     with pytest.raises(ValueError, match="2 generated replies but 3 per-turn advantages"):
         token_advantages(_traj([[0, 1, 0, 1]], turns=2), [1.0, 2.0, 3.0])
+
+
+def test_scalar_advantages_of_any_numeric_type():
+    import numpy as np
+
+    t = _traj([[0, 1, 1]], turns=1)
+    for a in (0.5, np.float32(0.5), torch.tensor(0.5), torch.tensor([0.5])):
+        assert token_advantages(t, a)[0].tolist() == [0, 0.5, 0.5], type(a)
