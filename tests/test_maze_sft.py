@@ -51,6 +51,41 @@ def test_training_states_never_use_an_eval_maze():
     assert env.maze.is_open((r, c)) and placed.image.size == (mc.SIZE * mc.CELL_PX,) * 2
 
 
+class _LabelHead(torch.nn.Module):
+    """Stands in for the tower's linear head: logits that pick `moves` (one per block, mazes in order)."""
+
+    def __init__(self, moves: torch.Tensor):
+        super().__init__()
+        self.moves = moves
+
+    def forward(self, vision: torch.Tensor) -> torch.Tensor:
+        logits = torch.zeros(len(vision), 10)
+        logits[torch.arange(len(vision)), self.moves.clamp(min=0)] = 1.0
+        return logits
+
+
+def test_tower_map_scores_an_oracle_head_one_and_a_constant_head_by_hand(tmp_path):
+    from envs.maze import generate_maze, shortest_path
+    from grpo import tiny_models
+    from grpo.forward import load_model, load_processor
+
+    path = tiny_models.build("vl", tmp_path / "m", seed=0, preset=mc.PRESET)
+    model, processor = load_model(path), load_processor(path)
+    cfg = sft.SFTConfig(out=str(tmp_path / "o"), eval_episodes=4)
+    mazes = [generate_maze(mc.SIZE, s) for s in cfg.eval_seeds]
+    truth = torch.cat([sft.block_labels(m).move for m in mazes])
+    assert sft.tower_map(model, _LabelHead(truth), processor, cfg) == {
+        "open_accuracy": 1.0, "path_accuracy": 1.0, "path_perfect": 1.0}
+
+    # Always "right": correct exactly where the expert moves right; no path ends in a right move (the stop).
+    got = sft.tower_map(model, _LabelHead(torch.zeros_like(truth)), processor, cfg)
+    on = truth != sft.IGNORE
+    path_moves = [sft.block_labels(m).move[[r * mc.SIZE + c for r, c in shortest_path(m)]] for m in mazes]
+    assert got["open_accuracy"] == round(float((truth[on] == 0).float().mean()), 4)
+    assert got["path_accuracy"] == round(float((torch.cat(path_moves) == 0).float().mean()), 4)
+    assert got["path_perfect"] == 0.0
+
+
 def test_a_few_steps_learn_save_and_reload_deterministically(tmp_path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -64,7 +99,9 @@ def test_a_few_steps_learn_save_and_reload_deterministically(tmp_path):
     first, last = steps[0]["loss"], steps[-1]["loss"]
     assert last < 0.7 * first, (first, last)
     assert all(r["aux_loss"] is not None for r in steps)
-    assert [r["vision_step"] for r in _log(tmp_path / "a") if "vision_step" in r] == [1, 2, 3, 4]
+    vision = [r for r in _log(tmp_path / "a") if "vision_step" in r]
+    assert [r["vision_step"] for r in vision] == [1, 2, 3, 4]
+    assert "path_perfect" in vision[-1] and "path_perfect" not in vision[0]  # the map check ends the phase
 
     model = AutoModelForImageTextToText.from_pretrained(tmp_path / "a")
     processor = AutoProcessor.from_pretrained(tmp_path / "a")
