@@ -377,7 +377,9 @@ def tower_map(model, head, processor, cfg: "SFTConfig") -> dict:
         total += int(on.sum())
         path = torch.tensor([r * maze.size + c for r, c in shortest_path(maze)])
         hits = guess[path] == move[path]
-        path_right, path_total, perfect = path_right + int(hits.sum()), path_total + len(path), perfect + bool(hits.all())
+        path_right += int(hits.sum())
+        path_total += len(path)
+        perfect += bool(hits.all())
     return {"open_accuracy": round(right / total, 4), "path_accuracy": round(path_right / path_total, 4),
             "path_perfect": round(perfect / len(mazes), 4)}
 
