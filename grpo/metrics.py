@@ -7,46 +7,132 @@ from pathlib import Path
 
 
 class MetricsSink:
-    def __init__(self, run_dir: Path, tensorboard: bool = True, prometheus_port: int | None = None):
+    """Writes each record of a run to metrics.jsonl, TensorBoard, a Prometheus endpoint and W&B.
+
+    A record is a step (`{"step": 3, "rollout": {...}, "train": {...}, ...}`) or an event, a record with an
+    "event" key (`{"event": "restart", "step": 3, "cause": ..., "recovery_s": 41.2}`).
+    - metrics.jsonl: one line a record, strict JSON (a non-finite number is written as null).
+    - Steps: every finite number is a TensorBoard scalar and a W&B value under its key path
+      (`rollout/success_rate`), and a Prometheus gauge `grpo_` + that path with non-alphanumerics as `_`
+      (`grpo_rollout_success_rate`, `grpo_time_step_s`, `grpo_adapter_version`). The packaged Grafana
+      dashboard (grpo/dashboards/grpo.json) queries these names: keep them stable.
+    - Events are counted, not plotted as steps: Prometheus counter `grpo_<event>s_total`
+      (`grpo_restarts_total`, served from 0 from the start), and the running count as the TensorBoard scalar
+      `<event>s` at the event's step (in W&B: with the next step's row). Counts include the events already in
+      metrics.jsonl, so a resumed run keeps counting.
+    """
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, prometheus_port: int | None = None,
+                 wandb=None, run_config: dict | None = None):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
-        self._tb = None
+        self.event_counts = _count_events(self.path)
+        self._tb = self._server = self._registry = self._wandb = None
+        self._gauges, self._counters = {}, {}
+        if prometheus_port is not None:
+            self._serve(prometheus_port)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-        self._gauges = {}
-        self._registry = None
-        if prometheus_port is not None:
-            from prometheus_client import CollectorRegistry, start_http_server
+        if wandb is not None:
+            from grpo.wandb_sink import WandbSink
 
-            self._registry = CollectorRegistry()
-            start_http_server(prometheus_port, registry=self._registry)
+            self._wandb = WandbSink(wandb, self.run_dir, run_config)
+
+    def _serve(self, port: int) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self._registry = CollectorRegistry()
+        try:
+            self._server, _ = start_http_server(port, registry=self._registry)
+        except OSError as e:
+            raise OSError(f"metrics.prometheus_port={port}: cannot serve /metrics there ({e}); pick a free port "
+                          "or leave it unset") from None
+        # The dashboard's restart panel reads this counter; it exists at 0 before any restart.
+        self._counter("restart")
 
     def log(self, record: dict) -> None:
         with self.path.open("a") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.write(json.dumps(json_safe(record), sort_keys=True, allow_nan=False) + "\n")
         step = int(record.get("step", 0))
-        for key, value in _numbers(record):
+        if "event" in record:
+            self._event(str(record["event"]), step)
+            return
+        values = dict(_numbers(record))
+        for key, value in values.items():
             if self._tb is not None:
                 self._tb.add_scalar(key, value, step)
             if self._registry is not None:
                 self._gauge(key).set(value)
         if self._tb is not None:
             self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(values, step)
+
+    def _event(self, name: str, step: int) -> None:
+        self.event_counts[name] = count = self.event_counts.get(name, 0) + 1
+        if self._registry is not None:
+            self._counter(name).inc()
+        if self._tb is not None:
+            self._tb.add_scalar(f"{name}s", count, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.event({f"{name}s": count})
 
     def _gauge(self, key: str):
         if key not in self._gauges:
             from prometheus_client import Gauge
 
-            name = "grpo_" + "".join(c if c.isalnum() else "_" for c in key)
-            self._gauges[key] = Gauge(name, key, registry=self._registry)
+            self._gauges[key] = Gauge(prometheus_name(key), key, registry=self._registry)
         return self._gauges[key]
+
+    def _counter(self, event: str):
+        if event not in self._counters:
+            from prometheus_client import Counter
+
+            counter = Counter(prometheus_name(f"{event}s"), f"{event} events of this run",
+                              registry=self._registry)
+            counter.inc(self.event_counts.get(event, 0))
+            self._counters[event] = counter
+        return self._counters[event]
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._wandb is not None:
+            self._wandb.close()
+            self._wandb = None
+
+
+def prometheus_name(key: str) -> str:
+    """`rollout/success_rate` -> `grpo_rollout_success_rate` (a counter adds `_total` when served)."""
+    return "grpo_" + "".join(c if c.isalnum() else "_" for c in key)
+
+
+def json_safe(value):
+    """The value with every NaN and infinity replaced by None, so that json.dumps writes strict JSON (null)
+    instead of the bare NaN that strict readers (jq, JavaScript, Go) refuse."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def _count_events(path: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for record in read_metrics(path):
+        if "event" in record:
+            counts[str(record["event"])] = counts.get(str(record["event"]), 0) + 1
+    return counts
 
 
 def _numbers(record: dict, prefix: str = ""):

@@ -8,6 +8,7 @@ that names the field (`algorithm.clip_low`), the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 import typing
 from dataclasses import dataclass, field
@@ -121,14 +122,46 @@ class ClusterSection:
 
 
 @dataclass(frozen=True)
+class WandbSettings:
+    """Weights & Biases logging, optional (`pip install 'grpo[wandb]'`). mode "auto" logs online when an API
+    key is configured (WANDB_API_KEY or `wandb login`) and the W&B server answers, else offline into the run
+    folder, from where `wandb sync RUN/wandb/offline-run-*` uploads it later."""
+    project: str = ""
+    mode: str = "auto"              # "auto" | "online" | "offline"
+    entity: Optional[str] = None    # the W&B team or user; None: the key's default entity
+    name: Optional[str] = None      # the run's display name; None: the run folder's name
+    group: Optional[str] = None
+    tags: tuple = ()
+
+    def __post_init__(self):
+        require(self, "project", isinstance(self.project, str) and bool(self.project),
+                "the W&B project to log to, e.g. 'maze-grpo'")
+        require(self, "mode", self.mode in ("auto", "online", "offline"), "one of 'auto', 'online', 'offline'")
+        for name in ("entity", "name", "group"):
+            value = getattr(self, name)
+            require(self, name, value is None or (isinstance(value, str) and bool(value)), "a non-empty string or None")
+        require(self, "tags", isinstance(self.tags, (list, tuple)) and all(isinstance(t, str) for t in self.tags),
+                "a list of strings")
+
+
+@dataclass(frozen=True)
 class MetricsSection:
     tensorboard: bool = True
     prometheus_port: Optional[int] = None   # serve /metrics while running (Grafana scrapes it)
     plots: bool = True
+    wandb: Optional[WandbSettings] = None   # e.g. {project: maze-grpo}; None: no W&B
 
     def __post_init__(self):
         check_bool(self, "tensorboard")
         check_number(self, "prometheus_port", integer=True, ge=1, le=65535, optional=True)
+        if isinstance(self.wandb, dict):
+            object.__setattr__(self, "wandb", _build(WandbSettings, self.wandb, "metrics.wandb"))
+        require(self, "wandb", self.wandb is None or isinstance(self.wandb, WandbSettings),
+                "a mapping like {project: maze-grpo, mode: offline}, or None")
+        # W&B is an optional dependency: say how to get it before Ray and vLLM start, not after.
+        require(self, "wandb", self.wandb is None or importlib.util.find_spec("wandb") is not None,
+                "set, but the wandb package is not installed: pip install 'grpo[wandb]' (or pip install wandb), "
+                "or remove metrics.wandb")
 
 
 SECTIONS = {

@@ -213,7 +213,8 @@ class Trainer:
             _exit_on_sigterm()
         gpus = ray.cluster_resources().get("GPU", 0) > 0
         share = 0.5 if (gpus and cfg.cluster.colocate) else (1.0 if gpus else 0.0)
-        self.sink = MetricsSink(self.run_dir, cfg.metrics.tensorboard, cfg.metrics.prometheus_port)
+        self.sink = MetricsSink(self.run_dir, cfg.metrics.tensorboard, cfg.metrics.prometheus_port,
+                                wandb=cfg.metrics.wandb, run_config=cfg.to_dict())
         r = cfg.rollout
         engine = EngineConfig(model=cfg.model, dtype=r.dtype, max_model_len=r.max_model_len,
                               max_lora_rank=cfg.lora.rank, seed=cfg.seed, kv_cache_memory_bytes=r.kv_cache_memory_bytes,

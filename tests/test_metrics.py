@@ -17,3 +17,164 @@ def test_plot_curves_writes_a_png_or_says_there_is_nothing(tmp_path):
     metrics.write_text('{"step": 1, "rollout": {"success_rate": 0.5}}\n')
     out = plot_curves(metrics, tmp_path / "c.png", start={"eval/success_rate": 0.3})
     assert out == tmp_path / "c.png" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------------- MetricsSink
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import urllib.request  # noqa: E402
+
+import pytest  # noqa: E402
+
+from grpo.config import ConfigError  # noqa: E402
+from grpo.metrics import MetricsSink, json_safe, prometheus_name  # noqa: E402
+from grpo.run_config import MetricsSection, WandbSettings  # noqa: E402
+from grpo.wandb_sink import resolve_mode  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _strict_loads(line: str):
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def _scrape(port: int) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_metrics_jsonl_is_strict_json(tmp_path):
+    sink = MetricsSink(tmp_path, tensorboard=False)
+    sink.log({"step": 1, "train": {"kl": float("nan"), "loss": 0.5, "norms": [1.0, float("inf")]},
+              "rollout": {"mean_reward": -float("inf")}})
+    sink.close()
+    (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert _strict_loads(line) == {"step": 1, "train": {"kl": None, "loss": 0.5, "norms": [1.0, None]},
+                                   "rollout": {"mean_reward": None}}
+    assert json_safe({"a": (float("nan"), 2)}) == {"a": [None, 2]}
+
+
+def test_prometheus_names():
+    assert prometheus_name("rollout/success_rate") == "grpo_rollout_success_rate"
+    assert prometheus_name("time/step_s") == "grpo_time_step_s"
+    assert prometheus_name("rollout/stop_reasons/max-tokens") == "grpo_rollout_stop_reasons_max_tokens"
+
+
+def test_prometheus_gauges_and_restart_events(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    port = _free_port()
+    sink = MetricsSink(tmp_path, tensorboard=True, prometheus_port=port)
+    assert _scrape(port)["grpo_restarts_total"] == 0.0
+    sink.log({"step": 2, "adapter_version": 3, "rollout": {"success_rate": 0.25}, "train": {"kl": float("nan")}})
+    sink.log({"event": "restart", "step": 3, "cause": "ActorDiedError", "actor": "rollout-0", "recovery_s": 41.2})
+    sink.log({"event": "restart", "step": 5, "cause": "GetTimeoutError", "actor": "train-1", "recovery_s": 12.0})
+    scraped = _scrape(port)
+    # Events count; they do not move the step gauges, nor become gauges themselves.
+    assert scraped["grpo_restarts_total"] == 2.0
+    assert scraped["grpo_step"] == 2.0 and scraped["grpo_adapter_version"] == 3.0
+    assert scraped["grpo_rollout_success_rate"] == 0.25
+    assert "grpo_train_kl" not in scraped and "grpo_recovery_s" not in scraped
+    sink.close()
+    with pytest.raises(OSError):  # the endpoint is gone with the sink
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+
+    events = EventAccumulator(str(tmp_path / "tensorboard")).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("restarts")] == [(3, 1.0), (5, 2.0)]
+    assert [(e.step, e.value) for e in events.Scalars("rollout/success_rate")] == [(2, 0.25)]
+    assert "step" in events.Tags()["scalars"] and "recovery_s" not in events.Tags()["scalars"]
+
+    # A resumed run (same folder, new process) keeps counting the restarts metrics.jsonl holds.
+    resumed = MetricsSink(tmp_path, tensorboard=False, prometheus_port=port)
+    assert _scrape(port)["grpo_restarts_total"] == 2.0
+    resumed.close()
+    assert [r.get("event") for r in map(_strict_loads, (tmp_path / "metrics.jsonl").read_text().splitlines())] \
+        == [None, "restart", "restart"]
+
+
+def test_busy_prometheus_port_names_the_setting(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        with pytest.raises(OSError, match=r"metrics.prometheus_port=\d+: cannot serve"):
+            MetricsSink(tmp_path, tensorboard=False, prometheus_port=busy.getsockname()[1])
+
+
+def test_wandb_settings_validate():
+    assert WandbSettings(project="maze").mode == "auto"
+    with pytest.raises(ConfigError, match=r"WandbSettings.project=''"):
+        WandbSettings()
+    with pytest.raises(ConfigError, match=r"WandbSettings.mode='cloud'.*'auto', 'online', 'offline'"):
+        WandbSettings(project="maze", mode="cloud")
+    with pytest.raises(ConfigError, match=r"WandbSettings.tags"):
+        WandbSettings(project="maze", tags=[1])
+    with pytest.raises(ConfigError, match=r"WandbSettings.projekt.*known fields"):
+        MetricsSection(wandb={"projekt": "maze"})
+    with pytest.raises(ConfigError, match=r"MetricsSection.wandb='maze'"):
+        MetricsSection(wandb="maze")
+    assert MetricsSection().wandb is None
+
+
+def test_wandb_missing_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what importlib sees when wandb is not installed
+    with pytest.raises(ConfigError, match=r"MetricsSection.wandb=.*pip install 'grpo\[wandb\]'"):
+        MetricsSection(wandb={"project": "maze"})
+
+
+def test_wandb_auto_mode_goes_offline_without_key_or_network(tmp_path):
+    assert resolve_mode("offline", {})[0] == "offline"
+    assert resolve_mode("online", {})[0] == "online"
+    no_netrc = {"NETRC": str(tmp_path / "none")}
+    mode, why = resolve_mode("auto", no_netrc)
+    assert mode == "offline" and "WANDB_API_KEY" in why
+    closed = _free_port()
+    mode, why = resolve_mode("auto", {**no_netrc, "WANDB_API_KEY": "k", "WANDB_BASE_URL": f"http://127.0.0.1:{closed}"})
+    assert mode == "offline" and f"127.0.0.1:{closed} is not reachable" in why
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        assert resolve_mode("auto", {**no_netrc, "WANDB_API_KEY": "k", "WANDB_BASE_URL": url})[0] == "online"
+        (tmp_path / "netrc").write_text("machine 127.0.0.1 login user password k\n")
+        assert resolve_mode("auto", {"NETRC": str(tmp_path / "netrc"), "WANDB_BASE_URL": url})[0] == "online"
+
+
+def test_wandb_offline_run_stays_in_the_run_folder(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")  # the `wandb` extra
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("WANDB_API_KEY", "WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR",
+                "WANDB_ARTIFACT_DIR", "WANDB_MODE", "NETRC"):
+        monkeypatch.delenv(var, raising=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    settings = MetricsSection(wandb={"project": "grpo-test", "tags": ["cpu"]}).wandb
+    sink = MetricsSink(run, tensorboard=False, wandb=settings, run_config={"steps": 2})
+    assert sink._wandb.mode == "offline"  # no API key here
+    sink.log({"step": 1, "rollout": {"success_rate": 0.25}})
+    sink.log({"event": "restart", "step": 1, "cause": "ActorDiedError"})
+    sink.log({"step": 2, "rollout": {"success_rate": 0.5}, "train": {"kl": float("nan")}})
+    summary = dict(sink._wandb.run.summary)
+    assert summary["rollout/success_rate"] == 0.5 and summary["restarts"] == 1 and "train/kl" not in summary
+    sink.close()
+    assert wandb.run is None
+
+    (offline,) = (run / "wandb").glob("offline-run-*")
+    run_id = (run / "wandb" / "run_id").read_text().strip()
+    assert offline.name.endswith(run_id)
+    logged = (offline / f"run-{run_id}.wandb").read_bytes()  # what `wandb sync` uploads
+    assert b"rollout/success_rate" in logged and b"restarts" in logged
+    assert not any(home.iterdir())
+    assert "WANDB_DIR" not in os.environ
