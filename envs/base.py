@@ -28,6 +28,11 @@ class StepResult:
 class Env(ABC):
     """One episode at a time. Plain Python: no Ray, no model; the rollout worker owns the conversation.
 
+    The rollout worker runs the calls of many instances at once on threads (`rollout.env_workers`), each
+    instance's calls always on the same thread: instances must not share unguarded mutable state. What
+    `reset` and `step` return is checked (envs.contract); an env that raises or breaks the contract gets
+    its group re-run with fresh instances, up to `rollout.env_retries` times, then the run stops.
+
     `keep_images` tells the rollout worker whether earlier observations' images stay in the
     conversation (True) or only the latest one is shown; environments override it as they see fit.
     """

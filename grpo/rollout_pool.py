@@ -79,4 +79,5 @@ def merge_stats(parts: list[RolloutStats]) -> RolloutStats:
         engine_s=max(p.engine_s for p in parts), success_rate=weighted("success_rate"),
         mean_reward=weighted("mean_reward"), mean_turns=weighted("mean_turns"),
         parse_errors=sum(p.parse_errors for p in parts), stop_reasons=reasons,
+        env_s=max(p.env_s for p in parts), env_retries=sum(p.env_retries for p in parts),
     )

@@ -58,6 +58,9 @@ class RolloutSection:
     stop: tuple = ()
     history: str = "auto"
     system_prompt: Optional[str] = None
+    max_turns: Optional[int] = None   # episode cap whatever the env says (its own limit still applies)
+    env_workers: int = 64             # threads running env calls at once (for envs that wait); 1: in turn
+    env_retries: int = 2              # re-runs of a group whose env failed, with fresh envs, before the run stops
     max_model_len: int = 4096
     kv_cache_memory_bytes: int = 512 << 20
     gpu_memory_utilization: float = 0.4
@@ -76,7 +79,9 @@ class RolloutSection:
         try:
             return RolloutConfig(temperature=self.temperature, top_p=self.top_p,
                                  max_tokens_per_turn=self.max_tokens_per_turn, stop=tuple(self.stop),
-                                 history=self.history, system_prompt=self.system_prompt)
+                                 history=self.history, system_prompt=self.system_prompt,
+                                 max_turns=self.max_turns, env_workers=self.env_workers,
+                                 env_retries=self.env_retries)
         except ConfigError as e:
             raise ConfigError(self, e.field.split(".")[-1], e.value, e.allowed) from None
 

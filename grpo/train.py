@@ -41,11 +41,12 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
         return 0
 
+    import envs
     from grpo.trainer import Trainer
 
     try:
         trainer = Trainer(config)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, envs.EnvError) as e:
         print(f"grpo.train: {e}", file=sys.stderr)
         return 2
     summary = trainer.fit()

@@ -299,10 +299,26 @@ class TrainWorker:
                 m = mask.bool()
                 if m.any():
                     diff_max = max(diff_max, float((old[m] - sampler[m]).abs().max()))
+        # Summed over ranks, as the gradient norm is: a NaN on any rank stops every rank.
+        loss_sum = dist.all_reduce([sum(float(out.loss.detach()) for out, real in outputs if real)])[0]
         self._last_grad_norm = self._clip_gradients()
+        self._require_finite(loss_sum, self._last_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return outputs, ran_tokens, diff_max
+
+    def _require_finite(self, loss: float, grad_norm: float) -> None:
+        """Refuse an update whose loss or gradient norm is NaN or infinite before the optimizer applies it:
+        the adapter would turn NaN and every later version with it."""
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        published = "none yet" if self.adapter_version is None else f"v{self.adapter_version}"
+        raise FloatingPointError(
+            f"train step {self.step}: loss {loss} and gradient norm {grad_norm}; the update was not applied and "
+            f"nothing was published, so the last published adapter ({published}) and the last checkpoint are "
+            "intact. Look for a non-finite reward or advantage in the batch, or lower train.lr if the loss grew "
+            "step by step before this one.")
 
     def _clip_gradients(self) -> float:
         """The global L2 norm of the LoRA gradients over all ranks; scales them to max_grad_norm if above."""

@@ -58,7 +58,8 @@ class Trainer:
         if self.config.adapter is not None and not (Path(self.config.adapter) / "adapter_config.json").is_file():
             raise FileNotFoundError(f"adapter={self.config.adapter!r} has no adapter_config.json: give the "
                                     "folder a LoRA adapter was saved to (save_pretrained), or leave it unset")
-        envs.make(self.config.env.name, **self.config.env.options)
+        # One training seed built and reset as a rollout would: a broken env fails here, not in an actor.
+        envs.check_env(self.config.env.name, self.config.env.options, self.config.train_seed_offset)
 
     # -------------------------------------------------------------------------------------------- loop
     def fit(self) -> dict:

@@ -33,7 +33,7 @@ class Trajectory:
     segments: list[Segment]
     turn_rewards: list[float]
     num_turns: int
-    stop_reason: str                # "done" | "max_turns" | "context" | "length"
+    stop_reason: str                # "done" | "max_turns" (the env's or rollout's cap) | "context"
     adapter_version: int | None     # the adapter vLLM sampled with (None: the base model)
     success: bool = False
     parse_errors: int = 0
@@ -79,6 +79,8 @@ class RolloutStats:
     mean_turns: float
     parse_errors: int
     stop_reasons: dict
+    env_s: float = 0.0      # waiting for env calls (reset, step), all episodes' calls of a turn at once
+    env_retries: int = 0    # groups re-run with fresh env instances after their env failed
 
     @property
     def tokens_per_s(self) -> float:

@@ -9,7 +9,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from envs.base import Observation
+from envs.contract import EnvError, check_env, check_step_result, env_error
 from rollout import runtime
+from rollout.checks import check_choice, check_number
+from rollout.env_threads import EnvThreads
 from rollout.trajectory import RolloutStats, Segment, Trajectory
 
 HISTORY_MODES = ("full", "text", "none")
@@ -38,20 +41,35 @@ class RolloutConfig:
     # "auto": "full" if the env keeps images (env.keep_images), else "text".
     history: str = "auto"
     system_prompt: str | None = None
+    # An episode ends after this many turns (stop_reason "max_turns") whatever the env says; the env's own
+    # limit still applies. None: only the env and the context length end an episode.
+    max_turns: int | None = None
+    # Threads running the live episodes' env calls (reset, step) at once, capped at the episode count.
+    # Threads suit envs that wait (sandboxes, simulators, tools, the network); 64 lets a step of 8 tasks x 8
+    # episodes wait about one env call per turn. 1: one call after another (envs whose instances share state).
+    env_workers: int = 64
+    # Re-runs of a group whose env raised or broke its contract, each with fresh env instances, per group and
+    # rollout call (training on the group's surviving episodes would bias its advantages); past it the
+    # rollout raises envs.EnvError naming the env, the seed, the turn and the env's traceback.
+    env_retries: int = 2
 
     def __post_init__(self):
-        from grpo.config import check_choice, check_number
-
         check_number(self, "temperature", ge=0)
         check_number(self, "top_p", gt=0, le=1)
         check_number(self, "max_tokens_per_turn", integer=True, ge=1)
         check_choice(self, "history", HISTORY_MODES + ("auto",))
+        check_number(self, "max_turns", integer=True, ge=1, optional=True)
+        check_number(self, "env_workers", integer=True, ge=1, hint="threads for env calls; 1 runs them in turn")
+        check_number(self, "env_retries", integer=True, ge=0, hint="0 stops at the first env failure")
 
 
 class _Episode:
-    def __init__(self, task: Task, group_id: int, env, history: str, chat):
-        self.task, self.group_id, self.env, self.history, self.chat = task, group_id, env, history, chat
-        self.first = env.reset(task.seed)
+    def __init__(self, task: Task, group_id: int, slot: int, env, first: Observation, history: str, chat):
+        self.task, self.group_id, self.slot, self.env, self.chat = task, group_id, slot, env, chat
+        self.history = history
+        if history == "auto":
+            self.history = "full" if getattr(env, "keep_images", True) else "text"
+        self.first = first
         self.segments: list[Segment] = []
         self.turn_rewards: list[float] = []
         self.actions: list[str] = []
@@ -61,7 +79,7 @@ class _Episode:
         self.stop_reason: str | None = None
         self.info: dict = {}
         # The context the next turn sees, compact ids plus per-token mask/logprob and its images.
-        self._start_context(chat.prompt_ids(self.first), list(self.first.images))
+        self._start_context(chat.prompt_ids(first), list(first.images))
 
     def _start_context(self, ids: list[int], images: list) -> None:
         self.ids, self.mask, self.lps, self.images = list(ids), [0] * len(ids), [0.0] * len(ids), images
@@ -70,34 +88,43 @@ class _Episode:
     def done(self) -> bool:
         return self.stop_reason is not None
 
-    def on_turn(self, gen) -> None:
+    @property
+    def turn(self) -> int:
+        """The turn the next step takes, from 1 (turn 0 is reset)."""
+        return len(self.turn_rewards) + 1
+
+    def take_reply(self, gen) -> str:
+        """Append the sampled tokens; the text the env receives."""
         self.ids += gen.token_ids
         self.mask += [1] * len(gen.token_ids)
         self.lps += gen.logprobs
-        action = self.chat.action_text(gen.token_ids)
+        return self.chat.action_text(gen.token_ids)
+
+    def on_step(self, action: str, state, result, reply_ids: list[int], max_turns: int | None) -> None:
+        """What the env said about `action` (a checked StepResult); `state` is its state_key before."""
         self.actions.append(action)
-        self.turn_states.append(self.env.state_key())
-        result = self.env.step(action)
+        self.turn_states.append(state)
         self.turn_rewards.append(float(result.reward))
         info = result.info or {}
         self.parse_errors += int(bool(info.get("parse_error")))
         self.success = bool(info.get("success", self.success))
         self.info = info
-        if self.history != "full" or result.done:
+        capped = not result.done and max_turns is not None and len(self.turn_rewards) >= max_turns
+        if self.history != "full" or result.done or capped:
             self.segments.append(Segment(self.ids, self.mask, self.lps, self.images))
-        if result.done:
-            self.stop_reason = "max_turns" if info.get("truncated") else "done"
+        if result.done or capped:
+            self.stop_reason = "max_turns" if capped or info.get("truncated") else "done"
             return
         obs = result.observation
         if self.history == "full":
-            suffix = self.chat.observation_ids(obs, gen.token_ids)
+            suffix = self.chat.observation_ids(obs, reply_ids)
             self.ids += suffix
             self.mask += [0] * len(suffix)
             self.lps += [0.0] * len(suffix)
             self.images = self.images + list(obs.images)
         elif self.history == "text":
             kept = self.chat.drop_images(self.ids)
-            self._start_context(kept + self.chat.observation_ids(obs, gen.token_ids), list(obs.images))
+            self._start_context(kept + self.chat.observation_ids(obs, reply_ids), list(obs.images))
         else:
             merged = Observation(text=f"{self.first.text}\n{obs.text}", images=list(obs.images))
             self._start_context(self.chat.prompt_ids(merged), list(obs.images))
@@ -115,6 +142,88 @@ class _Episode:
             adapter_version=adapter_version, success=self.success, parse_errors=self.parse_errors,
             actions=self.actions, turn_states=self.turn_states, info=dict(self.info),
         )
+
+
+class _Batch:
+    """A rollout's episodes (episode k of task g in slot g * group_size + k), the threads their env calls
+    run on, and the re-runs of groups whose env failed: a failed group starts over with fresh env instances
+    and joins the next engine call, until its retry budget is spent."""
+
+    def __init__(self, tasks: list[Task], group_size: int, config: RolloutConfig, chat):
+        self.tasks, self.group_size, self.config, self.chat = tasks, group_size, config, chat
+        n = len(tasks) * group_size
+        self.episodes: list[_Episode] = [None] * n  # type: ignore[list-item]  # filled by open()
+        self.threads = EnvThreads(max(1, min(config.env_workers, n)))
+        self.reruns: Counter = Counter()
+        self.env_s = 0.0
+
+    def open(self, group_ids) -> None:
+        """Fresh env instances for every episode of `group_ids`, built and reset on their threads."""
+        pending = list(group_ids)
+        while pending:
+            g = self.group_size
+            slots = [s for gid in pending for s in range(gid * g, (gid + 1) * g)]
+            outcomes = self._run([(s, check_env, self.tasks[s // g].env, self.tasks[s // g].options,
+                                   self.tasks[s // g].seed) for s in slots])
+            failed = self._failures(zip((s // g for s in slots), outcomes))
+            for s, out in zip(slots, outcomes):
+                if s // g not in failed:
+                    self.episodes[s] = _Episode(self.tasks[s // g], s // g, s, *out, self.config.history, self.chat)
+            pending = self._rerun(failed)
+
+    def step(self, live: list[_Episode], gens) -> None:
+        """Every live episode's reply to its env, all at once; groups whose env failed start over."""
+        actions = [e.take_reply(g) for e, g in zip(live, gens)]
+        outcomes = self._run([(e.slot, _step_env, e.env, e.task, e.turn, a) for e, a in zip(live, actions)])
+        failed = self._failures(zip((e.group_id for e in live), outcomes))
+        for e, g, a, out in zip(live, gens, actions, outcomes):
+            if e.group_id not in failed:
+                e.on_step(a, *out, g.token_ids, self.config.max_turns)
+        self.open(self._rerun(failed))
+
+    def close(self, wait: bool) -> None:
+        self.threads.close(wait)
+
+    def _run(self, calls: list[tuple]) -> list:
+        t = time.perf_counter()
+        futures = [self.threads.submit(slot, fn, *args) for slot, fn, *args in calls]
+        outcomes = []
+        for f in futures:
+            try:
+                outcomes.append(f.result())
+            except EnvError as e:
+                outcomes.append(e)
+        self.env_s += time.perf_counter() - t
+        return outcomes
+
+    @staticmethod
+    def _failures(pairs) -> dict[int, EnvError]:
+        failed: dict[int, EnvError] = {}
+        for gid, out in pairs:
+            if isinstance(out, EnvError):
+                failed.setdefault(gid, out)
+        return failed
+
+    def _rerun(self, failed: dict[int, EnvError]) -> list[int]:
+        budget = self.config.env_retries
+        for gid, e in failed.items():
+            if self.reruns[gid] >= budget:
+                note = (f"its group of {self.group_size} episodes ran {budget + 1} time(s), each with fresh env "
+                        f"instances, and failed each time (env_retries={budget})")
+                raise EnvError(e.env, e.seed, e.turn, e.method, e.problem, e.traceback_text, note)
+            self.reruns[gid] += 1
+        return sorted(failed)
+
+
+def _step_env(env, task: Task, turn: int, action: str) -> tuple:
+    """On the episode's thread: the state the turn begins in, then the env's checked answer to `action`."""
+    method = "state_key"
+    try:
+        state = env.state_key()
+        method = "step"
+        return state, check_step_result(env.step(action))
+    except Exception as e:
+        raise env_error(e, task.env, task.seed, turn, method) from None
 
 
 class RolloutWorker:
@@ -169,41 +278,40 @@ class RolloutWorker:
     # ------------------------------------------------------------------------------------------ rollouts
     def rollout(self, tasks: list[Task], group_size: int, config: RolloutConfig, greedy: bool = False,
                 use_adapter: bool = True) -> tuple[list[Trajectory], RolloutStats]:
-        """Run `group_size` episodes of every task; all live episodes share one engine call per turn."""
-        import envs
+        """Run `group_size` episodes of every task; all live episodes share one engine call per turn, and
+        their env calls run at once on `config.env_workers` threads. A group whose env raises or breaks
+        its contract is re-run with fresh env instances up to `config.env_retries` times, then envs.EnvError."""
         from rollout.engine import Request, Sampling
 
         t0 = time.perf_counter()
-        chat = self._chat(config.system_prompt)
-        episodes = []
-        for gid, task in enumerate(tasks):
-            for _ in range(group_size):
-                env = envs.make(task.env, **task.options)
-                history = config.history
-                if history == "auto":
-                    history = "full" if getattr(env, "keep_images", True) else "text"
-                episodes.append(_Episode(task, gid, env, history, chat))
+        batch = _Batch(tasks, group_size, config, self._chat(config.system_prompt))
         sampling = (Sampling.greedy(config.max_tokens_per_turn, config.stop) if greedy else
                     Sampling(config.temperature, config.top_p, config.max_tokens_per_turn, config.stop))
         version = self.engine.adapter_version if use_adapter else None
         calls, engine_s, prompt_tokens = 0, 0.0, 0
         limit = self.engine.cfg.max_model_len
-        while True:
-            live = [e for e in episodes if not e.done]
-            for e in live:
-                if self._expanded_len(e) + config.max_tokens_per_turn > limit:
-                    e.finish_for_context()
-            live = [e for e in live if not e.done]
-            if not live:
-                break
-            t = time.perf_counter()
-            gens = self.engine.generate([Request(e.ids, e.images) for e in live], sampling, use_adapter)
-            engine_s += time.perf_counter() - t
-            calls += 1
-            prompt_tokens += sum(g.expanded_prompt_len for g in gens)
-            for e, g in zip(live, gens):
-                e.on_turn(g)
-        trajs = [e.trajectory(version) for e in episodes]
+        finished = False
+        try:
+            batch.open(range(len(tasks)))
+            while True:
+                live = [e for e in batch.episodes if not e.done]
+                for e in live:
+                    if self._expanded_len(e) + config.max_tokens_per_turn > limit:
+                        e.finish_for_context()
+                live = [e for e in live if not e.done]
+                if not live:
+                    break
+                t = time.perf_counter()
+                gens = self.engine.generate([Request(e.ids, e.images) for e in live], sampling, use_adapter)
+                engine_s += time.perf_counter() - t
+                calls += 1
+                prompt_tokens += sum(g.expanded_prompt_len for g in gens)
+                batch.step(live, gens)
+            finished = True
+        finally:
+            # On an error, env calls still queued are dropped rather than waited for.
+            batch.close(wait=finished)
+        trajs = [e.trajectory(version) for e in batch.episodes]
         n = len(trajs)
         stats = RolloutStats(
             episodes=n, turns=sum(t.num_turns for t in trajs),
@@ -214,6 +322,7 @@ class RolloutWorker:
             mean_turns=sum(t.num_turns for t in trajs) / max(n, 1),
             parse_errors=sum(t.parse_errors for t in trajs),
             stop_reasons=dict(Counter(t.stop_reason for t in trajs)),
+            env_s=batch.env_s, env_retries=sum(batch.reruns.values()),
         )
         return trajs, stats
 

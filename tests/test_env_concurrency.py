@@ -1,0 +1,112 @@
+"""The live episodes' env calls run at once on `env_workers` threads, each env instance on one thread, in the
+real rollout worker (tiny text model, in-process vLLM). Concurrency is shown by a barrier that only opens
+when every episode's call is in flight together, not by timing."""
+import subprocess
+import sys
+import threading
+from collections import Counter, defaultdict
+
+import pytest
+
+import envs
+from envs import Observation, StepResult
+from rollout.engine import EngineConfig
+from rollout.worker import RolloutConfig, RolloutWorker, Task
+
+_LOCK = threading.Lock()
+_IN_FLIGHT: Counter = Counter()
+_MOST: Counter = Counter()
+_THREADS: dict = defaultdict(set)  # (tag, instance) -> thread idents its calls ran on
+_BARRIERS: dict = {}
+
+
+class Gate(envs.Env):
+    """Two steps, then done. Records each call's thread and how many calls of its tag are in flight; with
+    `together` > 0 every call waits until that many calls are in flight at once (a barrier)."""
+
+    keep_images = False
+
+    def __init__(self, tag: str, together: int = 0):
+        self.tag, self.together, self.turn = tag, together, 0
+        with _LOCK:
+            self.instance = sum(1 for key in _THREADS if key[0] == tag)
+            _THREADS[tag, self.instance] = set()
+            if together and tag not in _BARRIERS:
+                _BARRIERS[tag] = threading.Barrier(together, timeout=30)
+
+    def _call(self) -> None:
+        with _LOCK:
+            _THREADS[self.tag, self.instance].add(threading.get_ident())
+            _IN_FLIGHT[self.tag] += 1
+            _MOST[self.tag] = max(_MOST[self.tag], _IN_FLIGHT[self.tag])
+        try:
+            if self.together:
+                _BARRIERS[self.tag].wait()
+        finally:
+            with _LOCK:
+                _IN_FLIGHT[self.tag] -= 1
+
+    def reset(self, seed: int):
+        self._call()
+        return Observation(text=f"task {seed}: say anything")
+
+    def step(self, action_text: str):
+        self._call()
+        self.turn += 1
+        return StepResult(Observation(text=f"turn {self.turn}: {len(action_text)} characters"), 0.5, self.turn >= 2)
+
+
+envs.register("gate", Gate, overwrite=True)
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_text, session_dir):
+    w = RolloutWorker(EngineConfig(model=str(tiny_text), enable_lora=False, max_model_len=512),
+                      run_dir=str(session_dir))
+    yield w
+    w.shutdown()
+
+
+def _rollout(worker, tag: str, env_workers: int, together: int = 0, greedy: bool = False):
+    tasks = [Task("gate", seed, {"tag": tag, "together": together}) for seed in range(4)]
+    return worker.rollout(tasks, 2, RolloutConfig(max_tokens_per_turn=4, env_workers=env_workers, env_retries=0),
+                          greedy=greedy)
+
+
+def _threads_of(tag: str) -> list[set]:
+    return [threads for (t, _), threads in sorted(_THREADS.items()) if t == tag]
+
+
+@pytest.mark.slow
+def test_every_episodes_env_call_is_in_flight_at_once(worker):
+    # Each reset and step waits for all 8 episodes' calls: one at a time, the first call would wait forever.
+    trajs, stats = _rollout(worker, "all", env_workers=64, together=8)
+    assert _MOST["all"] == 8 and stats.episodes == 8 and stats.env_retries == 0
+    assert all(t.num_turns == 2 and t.stop_reason == "done" for t in trajs)
+    assert stats.env_s > 0
+
+
+@pytest.mark.slow
+def test_fewer_threads_than_episodes_pin_each_env_to_one_thread(worker):
+    _rollout(worker, "three", env_workers=3)
+    per_env = _threads_of("three")
+    assert len(per_env) == 8 and all(len(threads) == 1 for threads in per_env)
+    assert len(set.union(*per_env)) == 3 and _MOST["three"] <= 3
+    _rollout(worker, "one", env_workers=1)
+    assert _MOST["one"] == 1 and len(set.union(*_threads_of("one"))) == 1
+
+
+@pytest.mark.slow
+def test_concurrency_changes_no_trajectory(worker):
+    serial, _ = _rollout(worker, "serial", env_workers=1, greedy=True)
+    pooled, _ = _rollout(worker, "pooled", env_workers=8, greedy=True)
+    key = lambda trajs: [(t.seed, t.group_id, t.actions, t.turn_rewards, [s.token_ids for s in t.segments])  # noqa: E731
+                         for t in trajs]
+    assert key(serial) == key(pooled)
+
+
+def test_rollout_alone_does_not_import_grpo():
+    code = ("import sys, rollout.worker, rollout.engine; "
+            "print(sorted(m for m in sys.modules if m == 'grpo' or m.startswith('grpo.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
