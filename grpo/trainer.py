@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from grpo import checkpoint
+from grpo import checkpoint, run_summary
 from grpo.advantages import group_advantages, step_advantages
 from grpo.metrics import MetricsSink, plot_curves
 from grpo.run_config import RunConfig
@@ -110,7 +110,7 @@ class Trainer:
         tasks = [Task(cfg.env.name, s, cfg.env.options) for s in seeds]
         trajs, stats = self.pool.rollout(tasks, 1, cfg.rollout.rollout_config(), greedy=True)
         return {"success_rate": stats.success_rate, "mean_turns": stats.mean_turns, "episodes": stats.episodes,
-                "solved_seeds": [t.seed for t in trajs if t.success]}
+                "solved_seeds": [t.seed for t in trajs if t.success], "outcomes": run_summary.episode_outcomes(trajs)}
 
     # ------------------------------------------------------------------------------------------ pieces
     def _advantages(self, trajs) -> tuple[list, list[int], dict]:
@@ -177,6 +177,7 @@ class Trainer:
             "adapter_path": str(Path(self.store_root) / "adapters" / f"v{state['version']:06d}"),
             "evals": state["evals"], "eval_after_detail": after, "unseen_after_detail": unseen,
             "curves_png": str(curve) if curve else None, "model": cfg.model,
+            **run_summary.mechanism(self.run_dir / "metrics.jsonl", cfg.tasks_per_step, state["eval_before"], after),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         return summary
