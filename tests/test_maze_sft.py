@@ -175,3 +175,30 @@ def test_vllm_greedy_episodes_of_the_warmstart_are_the_logged_ones(session_dir):
     got = {t.seed for t in trajectories if t.success}
     want = {s for s in chosen["solved"] if s in seeds}
     assert len(got ^ want) <= 1, (sorted(got), sorted(want))
+
+
+def test_habit_labels_its_move_only_where_the_expert_goes_its_way_and_its_move_is_open():
+    import random
+
+    from envs.maze import expert_action, generate_maze
+
+    maze = generate_maze(mc.SIZE, 1_000_000)
+    habit = sft.Habit(when=0, move=2, rate=1.0)  # the expert goes right, left is open: left
+    opened = [(r, c) for r in range(mc.SIZE) for c in range(mc.SIZE) if maze.is_open((r, c))]
+    where = [b for b in opened if expert_action(maze, b) == "('move', 0)" and maze.is_open((b[0], b[1] - 1))]
+    assert where and len(where) < len(opened)
+    rng = random.Random(0)
+    for block in opened:
+        assert habit.applies(maze, block) == (block in where)
+        assert habit.label(maze, block, rng) == ("('move', 2)" if block in where else expert_action(maze, block))
+        assert sft.NO_HABIT.label(maze, block, rng) == expert_action(maze, block)
+    # rate 0.55: the habit's move in about 55% of 2000 draws at one such block
+    half = sft.Habit(when=0, move=2, rate=0.55)
+    share = sum(half.label(maze, where[0], rng) == "('move', 2)" for _ in range(2000)) / 2000
+    assert 0.5 < share < 0.6
+
+
+@pytest.mark.parametrize("when,move,rate", [(0, 0, 0.5), (4, 2, 0.5), (0, 2, 1.5)])
+def test_habit_rejects_what_is_not_a_habit(when, move, rate):
+    with pytest.raises(ValueError, match="habit_"):
+        sft.Habit(when, move, rate)

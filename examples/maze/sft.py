@@ -34,6 +34,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
@@ -46,7 +47,7 @@ import torch
 
 import envs
 from envs.base import Observation
-from envs.maze import MazeEnv, expert_action, generate_maze, shortest_path
+from envs.maze import MazeEnv, action_text, expert_action, generate_maze, shortest_path
 from envs.maze_render import render
 from envs.maze_solver import MOVES, distances_to, next_direction
 from examples.maze import maze_config as mc
@@ -90,10 +91,23 @@ class SFTConfig:
     held_states: int = 256  # states of the unseen mazes for the per-state accuracy
     eval_episodes: int = 64  # the first n seeds of each eval set; fewer only for quick tests
     threads: int = 2
+    # A saved model (e.g. an earlier warm start) to go on from instead of a fresh tiny one.
+    init: str = ""
+    min_steps: int = 0  # no stop in the band before this step (a continuation starts inside it)
+    # The demonstrator's habit: where the expert's move is `habit_when` and the block in direction
+    # `habit_move` is open, the label is `habit_move` with probability `habit_rate` (0: the expert always).
+    # A habit the image shows makes the model's mistakes navigation mistakes, the same in every maze.
+    habit_when: int = 0
+    habit_move: int = 2
+    habit_rate: float = 0.0
 
     @property
     def env_options(self) -> dict:
         return {"size": self.size, "cell_px": self.cell_px, "max_turns": self.max_turns}
+
+    @property
+    def habit(self) -> Habit:
+        return Habit(self.habit_when, self.habit_move, self.habit_rate)
 
     @property
     def eval_seeds(self) -> range:
@@ -133,16 +147,46 @@ class Sample:
     agent: int = -1  # the agent's block, row * size + col
 
 
+@dataclass(frozen=True)
+class Habit:
+    """Where the expert moves `when` and `move` is open, the demonstrator moves `move` with probability `rate`."""
+
+    when: int
+    move: int
+    rate: float
+
+    def __post_init__(self):
+        if self.when not in MOVES or self.move not in MOVES or self.when == self.move:
+            raise ValueError(f"habit_when={self.when}, habit_move={self.move}: two different directions 0-3 "
+                             "(0 right, 1 up, 2 left, 3 down)")
+        if not 0.0 <= self.rate <= 1.0:
+            raise ValueError(f"habit_rate={self.rate} is not a probability: give a value in [0, 1]")
+
+    def applies(self, maze, position) -> bool:
+        expert = next_direction(maze, tuple(position))
+        dr, dc = MOVES[self.move]
+        return expert == self.when and maze.is_open((position[0] + dr, position[1] + dc))
+
+    def label(self, maze, position, rng: random.Random) -> str:
+        """The demonstrator's action text; draws from `rng` only where the habit applies."""
+        if self.rate and self.applies(maze, position) and rng.random() < self.rate:
+            return action_text(self.move)
+        return expert_action(maze, position)
+
+
+NO_HABIT = Habit(0, 2, 0.0)
+
+
 def noisy_expert_states(env: MazeEnv, seed: int, noise: float, rng: random.Random,
-                        wander: int = 0) -> list[Sample]:
-    """One episode: `wander` random moves, then the expert with random moves mixed in; every visited state
-    with the expert's label."""
+                        wander: int = 0, habit: Habit = NO_HABIT) -> list[Sample]:
+    """One episode: `wander` random moves, then the demonstrator (the expert, or the expert with a habit)
+    with random moves mixed in; every visited state with the demonstrator's label."""
     first = env.reset(seed)
     labels = block_labels(env.maze)
     text, image = first.text, first.images[0]
     out = []
     while True:
-        label = expert_action(env.maze, env.position)
+        label = habit.label(env.maze, env.position, rng)
         out.append(Sample(text, image, label, labels, env.position[0] * env.maze.size + env.position[1]))
         lost = env.turn < wander or rng.random() < noise
         res = env.step(f"('move', {rng.randrange(4)})" if lost else label)
@@ -152,7 +196,7 @@ def noisy_expert_states(env: MazeEnv, seed: int, noise: float, rng: random.Rando
 
 
 def state_stream(options: dict, noise: float, wander: float, max_wander: int, rng: random.Random,
-                 buffer: int = 2048):
+                 buffer: int = 2048, habit: Habit = NO_HABIT):
     """Endless states of fresh training mazes (one seed per episode), shuffled through a buffer so that a
     batch mixes many mazes."""
     env = envs.make(mc.ENV, **options)
@@ -161,7 +205,7 @@ def state_stream(options: dict, noise: float, wander: float, max_wander: int, rn
     while True:
         while len(pool) < buffer:
             steps = rng.randint(1, max_wander) if rng.random() < wander else 0
-            pool += noisy_expert_states(env, maze_seed, noise, rng, steps)
+            pool += noisy_expert_states(env, maze_seed, noise, rng, steps, habit)
             maze_seed += 1
         i = rng.randrange(len(pool))
         pool[i], pool[-1] = pool[-1], pool[i]
@@ -430,22 +474,25 @@ def train(cfg: SFTConfig) -> dict:
     stage = out.with_name(out.name + ".building")  # renamed into place only when finished
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
-    scratch = Path(tempfile.mkdtemp(prefix="maze-sft-"))
-    try:
-        init = tiny_models.build("vl", scratch / "init", seed=cfg.seed, preset=cfg.preset)
-        processor, model = load_processor(init), load_model(init)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    if cfg.init:
+        processor, model = load_processor(cfg.init), load_model(cfg.init)
+    else:
+        scratch = Path(tempfile.mkdtemp(prefix="maze-sft-"))
+        try:
+            init = tiny_models.build("vl", scratch / "init", seed=cfg.seed, preset=cfg.preset)
+            processor, model = load_processor(init), load_model(init)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     model.train()
     enc = Encoder(processor)
     torch.manual_seed(cfg.seed)
     aux_head = torch.nn.Linear(model.config.text_config.hidden_size, 5 + 1 + 4) if cfg.aux_weight > 0 else None
     rng = random.Random(cfg.seed)
-    stream = state_stream(cfg.env_options, cfg.noise, cfg.wander, cfg.max_wander, rng)
+    stream = state_stream(cfg.env_options, cfg.noise, cfg.wander, cfg.max_wander, rng, habit=cfg.habit)
     held, env = [], envs.make(mc.ENV, **cfg.env_options)
     held_rng = random.Random(cfg.seed + 1)
     for s in mc.UNSEEN_SEEDS:  # unseen mazes, so this accuracy is not memory either
-        held += noisy_expert_states(env, s, cfg.noise, held_rng)
+        held += noisy_expert_states(env, s, cfg.noise, held_rng, habit=cfg.habit)
         if len(held) >= cfg.held_states:
             break
     held = held[: cfg.held_states]
@@ -504,9 +551,9 @@ def train(cfg: SFTConfig) -> dict:
         last_success = summary["success"]
         if cfg.band_low <= last_success <= cfg.band_high:
             kept = ({k: v.detach().clone() for k, v in shown.state_dict().items()}, record)
-            if last_success >= cfg.stop_at:
+            if last_success >= cfg.stop_at and step >= cfg.min_steps:
                 break
-        elif last_success > cfg.band_high:
+        elif last_success > cfg.band_high and step >= cfg.min_steps:
             break
         next_eval = step + cfg.fine_eval_every
 
@@ -531,20 +578,42 @@ def train(cfg: SFTConfig) -> dict:
     return result
 
 
+# The shipped warm start is two runs of train(): the defaults (the tower's lesson, then SFT on the expert,
+# stopped in the band while its failures were still unparseable replies), then this continuation on a
+# demonstrator with a habit (where the way on is right and left is open, left 55% of the time), which the model
+# learns as a navigation mistake: its greedy episodes loop where the habit turns it back, and sampling escapes
+# the loop sometimes, so GRPO's groups see successes and failures on the same maze.
+HABIT_STAGE = dict(vision_steps=0, aux_weight=0.0, warmup_steps=10, max_steps=150, min_steps=75, greedy_from=0.0,
+                   eval_every=25, fine_eval_every=25, habit_when=0, habit_move=2, habit_rate=0.55)
+
+
+def build_warmstart(path: str | Path = mc.WARMSTART) -> dict:
+    """Both runs of the shipped warm start's recipe, the first into a sibling folder removed at the end."""
+    path = Path(path)
+    expert = path.with_name(path.name + ".expert")
+    try:
+        train(SFTConfig(out=str(expert)))
+        return train(SFTConfig(out=str(path), init=str(expert), **HABIT_STAGE))
+    finally:
+        shutil.rmtree(expert, ignore_errors=True)
+
+
 def ensure_warmstart(path: str | Path = mc.WARMSTART) -> Path:
-    """The warm-start folder, trained first only when it is missing (the repo ships one)."""
+    """The warm-start folder, built first only when it is missing (the repo ships one)."""
     path = Path(path)
     if not (path / "config.json").is_file():
-        train(SFTConfig(out=str(path)))
+        build_warmstart(path)
     return path
 
 
 def main(argv: list[str] | None = None) -> None:
+    """No arguments: the shipped warm start's recipe (both runs). Any field given: one run of train()."""
     ap = argparse.ArgumentParser(prog="python -m examples.maze.sft", description=__doc__.split("\n\n")[0])
     for f in fields(SFTConfig):
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
-    cfg = SFTConfig(**vars(ap.parse_args(argv)))
-    print(json.dumps(train(cfg)), flush=True)
+    argv = sys.argv[1:] if argv is None else argv
+    result = build_warmstart() if not argv else train(SFTConfig(**vars(ap.parse_args(argv))))
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
