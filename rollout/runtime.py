@@ -52,6 +52,10 @@ def configure(run_dir: str | Path) -> Path:
     if not has_cuda():
         # In-process engine: starts in 5 s instead of 35 s, and needs no __main__ guard in user scripts.
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM's sampler torch.compiles two small functions even in eager mode; on the CPU inductor builds
+        # them with g++ at the first generate call (39 s in a fresh cache, 12 s in a warm one, measured
+        # under load) for no speedup after: eager, that first call took 0.8 s and later calls the same time.
+        env["TORCHDYNAMO_DISABLE"] = "1"
     for k, v in env.items():
         os.environ.setdefault(k, v)
     # vLLM drops a rendezvous file into the temp folder at every engine start; keep those in the run too.
