@@ -69,7 +69,8 @@ def main(argv=None) -> dict:
 
     from sync.hotload import HotLoader
 
-    lora_request = HotLoader.request(worker.engine.adapters.current)
+    # A merged engine (the CPU default) serves the adapter from its weights: no LoRA request to replay.
+    lora_request = None if worker.engine.cfg.merged else HotLoader.request(worker.engine.adapters.current)
     llm = worker.engine.llm
 
     def replay(recorded, **extra) -> tuple[float, int]:

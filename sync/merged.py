@@ -11,6 +11,7 @@ cache is reset after every load (the same staleness rule as for LoRA names: vLLM
 """
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -25,6 +26,7 @@ class MergedLoader:
     def __init__(self, llm, model_dir: str | Path):
         self._llm = llm
         self._model_dir = str(Path(model_dir).resolve())
+        self._ids = itertools.count(1)
         self.current: LoadedAdapter | None = None
         self._served: int | None = None  # the version the weights hold now; None: the base model
 
@@ -39,9 +41,14 @@ class MergedLoader:
                 "sync.AdapterStore.publish before hot-loading")
         self._llm.collective_rpc(_merge_into_worker, args=(self._model_dir, path))
         self._llm.reset_prefix_cache()
-        self.current = LoadedAdapter(version, f"merged-v{version:06d}", 0, path)
+        lora_id = next(self._ids)
+        self.current = LoadedAdapter(version, f"merged-v{version:06d}-{lora_id}", lora_id, path)
         self._served = version
         return self.current
+
+    def loaded_ids(self) -> set[int]:
+        """The id of the version merged in now: vLLM itself holds no LoRA in this mode."""
+        return {self.current.lora_id} if self.current is not None else set()
 
     def serve(self, use_adapter: bool) -> None:
         """Put the merged adapter (or the plain base model) into the weights before a generate call."""
