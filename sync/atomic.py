@@ -12,6 +12,10 @@ import errno
 import os
 import secrets
 import shutil
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Union
+
+Buffer = Union[bytes, bytearray, memoryview]
 
 # Everything written under a temporary name starts with this, so a sweep can find a killed process's
 # leftovers and nothing that starts with it can be taken for a finished file or version.
@@ -37,30 +41,57 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_new_file(path: str, data: bytes) -> None:
-    """Create path (it must not exist) with data, fsynced; the caller makes its name durable."""
+_SLICE = 1 << 20  # hashed and written in slices: hashing trails the write by one slice
+
+
+def write_new_file(path: str, data: Buffer | Iterable[Buffer], digest=None, *, durable: bool = True) -> None:
+    """Create path (it must not exist) with data, fsynced unless durable=False; the caller makes its name durable.
+
+    data: bytes, or buffers written one after another (a header and tensors' memory, never joined into one
+    copy). digest: a hashlib object fed every byte, in order, by a second thread while this one writes
+    and fsyncs (hashlib and os.write both release the GIL): hashing costs little wall time on top of the
+    write. The buffers must stay unchanged until this returns.
+    """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    # One worker runs the updates in submission order, which is the file's byte order.
+    hasher = ThreadPoolExecutor(1, thread_name_prefix="sha256") if digest is not None else None
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
+        hashed = []
+        for chunk in ([data] if isinstance(data, (bytes, bytearray, memoryview)) else data):
+            view = memoryview(chunk).cast("B")
+            for start in range(0, len(view), _SLICE):
+                piece = view[start:start + _SLICE]
+                if hasher is not None:
+                    hashed.append(hasher.submit(digest.update, piece))
+                while piece:
+                    piece = piece[os.write(fd, piece):]
+        if durable:
+            os.fsync(fd)
+        for update in hashed:
+            update.result()
     finally:
+        if hasher is not None:
+            hasher.shutdown(wait=True, cancel_futures=True)
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    """Replace path's contents in one step: a reader opens the old file or the new one, never a mix."""
+def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:
+    """Replace path's contents in one step: a reader opens the old file or the new one, never a mix.
+
+    durable=False skips the fsyncs: the replacement stays atomic for every reader, but a machine crash
+    may bring back the old contents (right for a file whose writer would not survive that crash either).
+    """
     directory = os.path.dirname(path)
     tmp = os.path.join(directory, temp_name(os.path.basename(path)))
     try:
-        write_new_file(tmp, data)
+        write_new_file(tmp, data, durable=durable)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def remove_tree(path: str) -> None:

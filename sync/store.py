@@ -25,6 +25,7 @@ import enum
 import hashlib
 import json
 import logging
+import mmap
 import operator
 import os
 import re
@@ -57,6 +58,8 @@ _READER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # peft and vLLM expect it dropped, and peft silently skips keys it does not recognise.
 _ADAPTER_NAME_IN_KEY = re.compile(r"\.lora_[A-Za-z_]+\.default(\.|$)")
 _ACQUIRE_TRIES = 3
+_DIGEST_CACHE = 64  # files whose digest verify() remembers (a few per version)
+_RACY_NS = 1_000_000_000  # how old a file's last change must be for its digest to be remembered
 
 
 class AdapterStoreError(Exception):
@@ -123,6 +126,7 @@ class AdapterStore:
         self.manifest_path = os.path.join(self.adapters_dir, MANIFEST_FILE)
         self.keep_last = keep_last
         self.lease_ttl_s = lease_ttl_s
+        self._digests: dict[str, tuple[tuple, str]] = {}  # path -> (file identity, sha256) verified before
 
     # ----------------------------------------------------------------------------------------- writer
 
@@ -138,8 +142,8 @@ class AdapterStore:
         would overwrite a version or go behind the latest raises AdapterVersionConflictError.
         Garbage collection keeps the newest keep_last versions and every version a reader leases.
         """
-        files = {ADAPTER_FILE: _serialize_tensors(tensors), CONFIG_FILE: _serialize_config(config)}
-        digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+        # The tensors' own memory, never one serialised copy: each file is hashed while it is written.
+        files = {ADAPTER_FILE: _safetensors_buffers(tensors), CONFIG_FILE: [_serialize_config(config)]}
 
         self._make_dirs()
         leftovers = remove_temp_entries(self.adapters_dir)
@@ -148,7 +152,7 @@ class AdapterStore:
         manifest = self._read_manifest()
         if version is None:
             version = max([manifest.latest or 0, *self._folder_versions()]) + 1
-        elif self._already_published(_check_version(version), manifest, digests):
+        elif self._already_published(_check_version(version), manifest, files):
             return version
 
         folder = self._version_dir(version)
@@ -157,8 +161,11 @@ class AdapterStore:
             remove_tree(folder)
         tmp = os.path.join(self.adapters_dir, temp_name(os.path.basename(folder)))
         os.mkdir(tmp)
-        for name, data in files.items():
-            write_new_file(os.path.join(tmp, name), data)
+        digests = {}
+        for name, buffers in files.items():
+            digest = hashlib.sha256()
+            write_new_file(os.path.join(tmp, name), buffers, digest)
+            digests[name] = digest.hexdigest()
         fsync_dir(tmp)
         os.rename(tmp, folder)
         fsync_dir(self.adapters_dir)
@@ -168,15 +175,17 @@ class AdapterStore:
         kept = {v: e for v, e in versions.items() if v in keep}
         self._write_manifest(_Manifest(version, kept))
         self._remove_unreferenced(set(kept))
-        logger.info("published adapter version %d in %s (%.1f MB)", version, folder, len(files[ADAPTER_FILE]) / 2**20)
+        size = sum(memoryview(b).nbytes for b in files[ADAPTER_FILE])
+        logger.info("published adapter version %d in %s (%.1f MB)", version, folder, size / 2**20)
         return version
 
-    def _already_published(self, version: int, manifest: _Manifest, digests: dict[str, str]) -> bool:
+    def _already_published(self, version: int, manifest: _Manifest, files: dict[str, list]) -> bool:
         free = max([manifest.latest or 0, *self._folder_versions()]) + 1
         fix = (f"Publish without version= to take the next free number ({free}) and keep that number in "
                f"the trainer's state; numbers are never reused because readers cache adapters by number.")
         if version in manifest.versions:
             recorded = manifest.versions[version]["sha256"]
+            digests = {name: _sha256_buffers(buffers) for name, buffers in files.items()}
             if recorded == digests:
                 logger.info("adapter version %d is already published with identical files", version)
                 return True
@@ -224,11 +233,35 @@ class AdapterStore:
         return [self._describe(manifest, v) for v in sorted(manifest.versions)]
 
     def verify(self, version: int) -> AdapterVersion:
-        """Hash the version's files against the manifest; raises AdapterCorruptError or AdapterNotFoundError."""
+        """Hash the version's files against the manifest; raises AdapterCorruptError or AdapterNotFoundError.
+
+        Each file is hashed once while it stays the same file: a second verify of an unchanged file (same
+        inode, size, mtime and ctime; any write changes ctime) reuses the first one's digest. A file changed
+        less than a second before it was hashed is hashed again next time (a second write could land in
+        the same timestamp tick and leave ctime unchanged).
+        """
         info = self._describe(self._read_manifest(), version)
         for name, expected in info.sha256.items():
-            self._check_digest(info, name, expected, _sha256_file(self._file(info, name)))
+            self._check_digest(info, name, expected, self._file_digest(info, name))
         return info
+
+    def _file_digest(self, info: AdapterVersion, name: str) -> str:
+        path = self._file(info, name)
+        try:
+            st = os.stat(path)
+            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            cached = self._digests.get(path)
+            if cached is not None and cached[0] == identity:
+                return cached[1]
+            hashed_at = time.time_ns()
+            digest = _sha256_file(path)
+        except FileNotFoundError as e:
+            raise self._vanished(info, name) from e
+        if hashed_at - st.st_ctime_ns > _RACY_NS:
+            self._digests[path] = (identity, digest)
+        while len(self._digests) > _DIGEST_CACHE:
+            self._digests.pop(next(iter(self._digests)))
+        return digest
 
     def latest_verified(self) -> AdapterVersion | None:
         """The newest version whose files verify, walking back past corrupt or vanished ones (logged).
@@ -276,7 +309,9 @@ class AdapterStore:
         lease = {"reader": reader_id, "version": version, "time": time.time(),
                  "host": socket.gethostname(), "pid": os.getpid()}
         os.makedirs(self.readers_dir, exist_ok=True)
-        atomic_write(self._lease_path(reader_id), (json.dumps(lease) + "\n").encode())
+        # Atomic but not fsynced: a lease matters only while its reader lives, and a crash that loses the
+        # lease ends the reader too (the reader also holds the version in memory once loaded).
+        atomic_write(self._lease_path(reader_id), (json.dumps(lease) + "\n").encode(), durable=False)
         if version not in self._read_manifest().versions:
             raise AdapterNotFoundError(
                 f"adapter version {version} is not in {self.manifest_path} (never published, or "
@@ -427,16 +462,30 @@ def _check_version(version: object) -> int:
 def _sha256_file(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
+        if os.fstat(f.fileno()).st_size:
+            # Hashed straight from the page cache: no copy into a read buffer.
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                digest.update(mapped)
     return digest.hexdigest()
 
 
-def _serialize_tensors(tensors: Mapping[str, torch.Tensor]) -> bytes:
+# safetensors' names for torch dtypes (the format's spec); the file is written here without a serialised copy.
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+}
+
+
+def _safetensors_buffers(tensors: Mapping[str, torch.Tensor]) -> list[memoryview]:
+    """A safetensors file as buffers to write in order: its header, then each tensor's own memory.
+
+    The layout is the format's (an 8-byte little-endian header length, a JSON header padded with spaces to
+    8 bytes, the tensors' bytes back to back); tensors go largest element first, so each starts aligned.
+    """
     if not tensors:
         raise ValueError("publish() got no tensors: pass the LoRA state dict (peft's get_peft_model_state_dict)")
     prepared = {}
-    storages = set()
     for key, tensor in tensors.items():
         if not isinstance(key, str) or not isinstance(tensor, torch.Tensor):
             raise TypeError(f"publish() takes a dict of str -> torch.Tensor, got {key!r}: {type(tensor).__name__}")
@@ -444,14 +493,30 @@ def _serialize_tensors(tensors: Mapping[str, torch.Tensor]) -> bytes:
             raise ValueError(
                 f"tensor key {key!r} carries peft's adapter name '.default': peft and vLLM expect it dropped "
                 f"(as get_peft_model_state_dict does), e.g. '...lora_A.weight'; peft would skip such keys silently")
-        tensor = tensor.detach().to("cpu").contiguous()
-        storage = tensor.untyped_storage()
-        # safetensors refuses tensors that share memory; views into a larger buffer are copied out.
-        if storage.nbytes() != tensor.nbytes or storage.data_ptr() in storages:
-            tensor = tensor.clone()
-        storages.add(tensor.untyped_storage().data_ptr())
-        prepared[key] = tensor
-    return safetensors.torch.save(prepared, metadata={"format": "pt"})
+        if tensor.dtype not in _SAFETENSORS_DTYPES:
+            raise TypeError(f"tensor {key!r} has dtype {tensor.dtype}, which safetensors cannot hold: convert it to "
+                            f"one of {sorted(str(d) for d in _SAFETENSORS_DTYPES)}")
+        prepared[key] = tensor.detach().to("cpu").contiguous()
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset, data = 0, []
+    for key in sorted(prepared, key=lambda k: (-prepared[k].element_size(), k)):
+        tensor = prepared[key]
+        # A view of exactly this tensor's bytes (a view into a larger buffer included), no copy.
+        raw = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+        header[key] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                       "data_offsets": [offset, offset + raw.nbytes]}
+        offset += raw.nbytes
+        data.append(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return [memoryview(len(text).to_bytes(8, "little") + text), *data]
+
+
+def _sha256_buffers(buffers: list) -> str:
+    digest = hashlib.sha256()
+    for buffer in buffers:
+        digest.update(buffer)
+    return digest.hexdigest()
 
 
 def _serialize_config(config: Mapping[str, Any]) -> bytes:

@@ -354,3 +354,34 @@ def test_killed_writer_never_exposes_a_bad_version(tmp_path):
     assert_same_tensors(store.load(final)[0], writer.content(99_000))
     assert temp_entries(root) == []
     assert version_folders(root) == {v.version for v in store.versions()}
+
+
+def test_streamed_file_is_plain_safetensors_and_verify_hashes_once(tmp_path, monkeypatch):
+    import hashlib
+
+    from sync import store as store_module
+
+    store = AdapterStore(tmp_path)
+    tensors = {**lora(1), "m.extra.lora_A.weight": torch.randn(3, 5, dtype=torch.bfloat16),
+               "m.empty.lora_B.weight": torch.zeros(0, 4)}
+    info = store.verify(store.publish(tensors, CONFIG))
+    weights = Path(info.path) / "adapter_model.safetensors"
+    # The digest recorded while writing is the file's; safetensors itself reads the file and its metadata.
+    assert info.sha256["adapter_model.safetensors"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert_same_tensors(safetensors.torch.load_file(weights), tensors)
+    with safetensors.safe_open(weights, framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}
+
+    hashed = []
+    real = store_module._sha256_file
+    monkeypatch.setattr(store_module, "_sha256_file", lambda path: hashed.append(path) or real(path))
+    store.verify(1)
+    assert hashed.count(str(weights)) == 1  # changed less than a second before the first verify: hashed again
+    monkeypatch.setattr(store_module, "_RACY_NS", -10**18)  # as if the files were written long ago
+    store.verify(1)
+    store.verify(1)
+    assert hashed.count(str(weights)) == 2 and len(hashed) == 4  # both files once more, then remembered
+    weights.write_bytes(weights.read_bytes() + b"\0")  # changed: hashed again, and refused
+    with pytest.raises(AdapterCorruptError):
+        store.verify(1)
+    assert hashed.count(str(weights)) == 3 and len(hashed) == 5
