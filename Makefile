@@ -36,10 +36,17 @@ maze: install
 doctor: install
 	$(PYTHON) -m grpo.doctor
 
+# Every benchmark in full mode, each writing benchmarks/results/NAME.json with the machine; then the README's
+# table is regenerated from those files. step.py and env_latency.py run when they exist.
+BENCHMARKS := rollout update sync scaling step env_latency
 bench: install
-	$(PYTHON) benchmarks/rollout.py --quick
-	$(PYTHON) benchmarks/update.py --quick
-	$(PYTHON) benchmarks/sync.py --quick
+	@for b in $(BENCHMARKS); do \
+	  [ -f benchmarks/$$b.py ] || continue; \
+	  start=$$(date +%s); echo "== benchmarks/$$b.py (load $$(cut -d' ' -f1 /proc/loadavg))"; \
+	  $(PYTHON) benchmarks/$$b.py || exit $$?; \
+	  echo "== benchmarks/$$b.py: $$(( $$(date +%s) - start )) s"; \
+	done
+	$(PYTHON) benchmarks/table.py --write-readme
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -28,8 +28,8 @@ ISA_SHORT = {"amx_bf16": "AMX-BF16", "avx512f": "AVX-512", "avx2": "AVX2"}
 
 
 def number(x) -> str:
-    """Three significant digits, no exponent for everyday magnitudes: 1234.5 -> 1235, 0.012345 -> 0.0123."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
+    """Three significant digits, no exponent for everyday magnitudes: 1234.6 -> 1235, 0.012345 -> 0.0123, 2.4e-06 -> 2.4e-06."""
+    if isinstance(x, (bool, int)) or not isinstance(x, float):
         return str(x)
     if x == 0 or not math.isfinite(x):
         return str(x)

@@ -1,0 +1,115 @@
+"""Benchmark infrastructure: the GPU script's dry run, the README table generator, the machine record."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import _machine, table  # noqa: E402
+
+# Qwen3-VL-8B's language model, by hand from the published config: per decoder layer q and o 4096 x 4096,
+# k and v 4096 x 1024, gate/up/down 4096 x 12288, norms 2 x 4096 + 2 x 128; 36 layers; untied embedding
+# and head 151936 x 4096 each; the final norm 4096.
+LAYER = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288 + 2 * 4096 + 2 * 128
+TEXT_PARAMS = 36 * LAYER + 2 * 151936 * 4096 + 4096
+# Rank-32 LoRA: 32 x (in + out) per target, 7 targets a layer, 36 layers.
+LORA_PARAMS = 36 * 32 * ((4096 + 4096) * 2 + (4096 + 1024) * 2 + (4096 + 12288) * 3)
+
+
+def test_gpu_script_dry_run_checks_the_8b_shapes_without_cuda():
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--dry-run"], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = json.loads(done.stdout.strip().splitlines()[-1])
+    assert plan["mode"] == "dry-run"
+    assert plan["text_params"] == TEXT_PARAMS == 8_190_735_360
+    assert plan["lora"]["params"] == LORA_PARAMS
+    assert plan["lora"]["fp32_mib"] == round(LORA_PARAMS * 4 / 2**20, 1) == 333.0
+    assert plan["lora_modules"] == 36 * 7
+    assert plan["tokenizer_vocab"] == 151936
+    assert plan["forward_gflop_per_token"] == round(2 * TEXT_PARAMS / 1e9, 2)
+
+
+def test_gpu_script_refuses_to_run_without_a_gpu(tmp_path):
+    if subprocess.run(["bash", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0:
+        pytest.skip("this machine has a GPU")
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh")], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and "--dry-run" in done.stderr
+
+
+def _machine_block(date="2026-12-01T15:00:00Z"):
+    return {"date": date, "cpu": {"model": "Xeon X", "isa": ["avx2", "avx512f", "amx_bf16"], "cores": 2},
+            "gpu": None, "load_average": [3.5, 2.0, 1.0]}
+
+
+def test_table_rows_from_headlines_and_ratio_fallback(tmp_path):
+    (tmp_path / "sync.json").write_text(json.dumps({
+        "ratio": 9.9,  # a headline, when there is one, decides the rows
+        "headline": [{"figure": "publish + hot-load", "value": 41.24, "unit": "ms", "baseline": 20.5,
+                      "baseline_name": "save_file + add_lora", "ratio": 2.0117}],
+        "machine": _machine_block()}))
+    (tmp_path / "vs_trl.json").write_text(json.dumps({
+        "ratio_vs_trl": 1.234, "ratio_vs_trl_large": 0.4567, "mode": "full", "machine": _machine_block()}))
+    (tmp_path / "sync-quick.json").write_text(json.dumps({"ratio": 5.0, "machine": _machine_block()}))
+
+    assert table.table(tmp_path).splitlines() == [
+        *table.HEADER.splitlines(),
+        "| sync | publish + hot-load | 41.2 ms | 20.5 ms (save_file + add_lora) | 2.01 | Xeon X, AMX-BF16, 2 cores, "
+        "load 3.5 | 2026-12-01 |",
+        "| vs_trl | ratio_vs_trl | 1.23 |  |  | Xeon X, AMX-BF16, 2 cores, load 3.5 | 2026-12-01 |",
+        "| vs_trl | ratio_vs_trl_large | 0.457 |  |  | Xeon X, AMX-BF16, 2 cores, load 3.5 | 2026-12-01 |",
+    ]
+
+
+def test_number_format():
+    assert [table.number(x) for x in (1234.6, 0.012345, 2.4e-6, 1.0, 42, 99.94)] == [
+        "1235", "0.0123", "2.4e-06", "1.00", "42", "99.9"]
+
+
+def test_write_readme_replaces_only_between_markers(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "update.json").write_text(json.dumps({
+        "headline": [{"figure": "update tokens/s", "value": 1509.4, "unit": "tokens/s", "baseline": 1382.0,
+                      "ratio": 1.092}], "machine": _machine_block()}))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n{table.BEGIN}\nold table\n{table.END}\nafter\n")
+    args = ["--results", str(results), "--readme", str(readme)]
+    assert table.main(args + ["--check"]) == 1
+    assert table.main(args + ["--write-readme"]) == 0
+    assert readme.read_text() == (
+        f"# x\n\nbefore\n{table.BEGIN}\n{table.HEADER}\n| update | update tokens/s | 1509 tokens/s | 1382 tokens/s | "
+        f"1.09 | Xeon X, AMX-BF16, 2 cores, load 3.5 | 2026-12-01 |\n{table.END}\nafter\n")
+    assert table.main(args + ["--check"]) == 0
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="markers"):
+        table.main(args + ["--write-readme"])
+
+
+def test_machine_record(tmp_path):
+    cpuinfo = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Test\nflags\t\t: fpu sse avx2 fma avx512f amx_bf16 amx_tile\n"
+    cpu = _machine.cpu_info(cpuinfo)
+    assert cpu["model"] == "Intel(R) Xeon(R) Test"
+    assert cpu["isa"] == ["avx2", "fma", "avx512f", "amx_tile", "amx_bf16"]
+    result = {"benchmark": "x"}
+    path = _machine.write_result("x", result, machine=_machine_block(), results_dir=tmp_path)
+    assert json.loads(path.read_text()) == {"benchmark": "x", "machine": _machine_block()} == result
+    info = _machine.machine_info(peak=False)
+    assert {"date", "cpu", "gpu", "packages", "load_average"} <= info.keys() and "torch" in info["packages"]
+
+
+def test_scaling_headline_and_plot(tmp_path):
+    from benchmarks import scaling
+
+    result = {"update": {"model": "m", "by_sequence_length": [
+        {"tokens_per_sequence": 128, "tokens_per_s": 1000.0}, {"tokens_per_sequence": 1024, "tokens_per_s": 2500.0}]},
+        "machine": _machine_block()}
+    assert scaling.headline(result) == [{
+        "figure": "update tokens/s at tokens per sequence 1024", "value": 2500.0, "unit": "tokens/s",
+        "baseline": 1000.0, "baseline_name": "at 128", "ratio": 2.5}]
+    scaling.plot(result, tmp_path / "s.png")  # the curves not measured get an empty, titled panel
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
