@@ -1,4 +1,9 @@
-"""Multi-turn rollouts: every live episode of a batch goes to vLLM in one call per turn.
+"""Multi-turn rollouts: every live episode of a batch goes to vLLM in one call per turn, and their env calls
+run at once on threads, so a turn waits about one env call however many episodes there are.
+
+What an env returns is checked (envs.contract). A group whose env raises or breaks the contract starts over
+with fresh env instances (its other episodes too: advantages are relative to the whole group), up to
+`RolloutConfig.env_retries` times; then envs.EnvError names the env, the seed, the turn and the traceback.
 
 Run it in-process, or as a Ray actor with `ray.remote(RolloutWorker)`: the class holds no Ray code.
 """

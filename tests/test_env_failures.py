@@ -21,7 +21,8 @@ _LOCK = threading.Lock()
 
 class Scripted(envs.Env):
     """A text env of `turns` steps (reward 1 on the last) that misbehaves as told: `fault` at turn `at`
-    (0 is reset) on seed `bad_seed`, on that seed's first `bad_attempts` instances (None: always)."""
+    (0 is reset) on seed `bad_seed`, on that seed's first `bad_attempts` instances (None: always);
+    fault "init" cannot be built at all."""
 
     keep_images = False
 
@@ -30,6 +31,8 @@ class Scripted(envs.Env):
         self.tag, self.fault, self.at, self.bad_seed = tag, fault, at, bad_seed
         self.bad_attempts, self.turns, self.never_done = bad_attempts, turns, never_done
         self.turn = 0
+        if fault == "init":
+            raise OSError("no simulator licence")
 
     def _bad(self) -> bool:
         return (self.fault != "none" and self.seed == self.bad_seed and self.turn == self.at
@@ -118,6 +121,8 @@ def test_check_env_builds_and_resets_one_seed():
     with pytest.raises(EnvError, match=r"seed 7, turn 0 \(reset\): ConnectionError: sandbox went away") as e:
         envs.check_env("scripted", {"tag": "check-raise", "fault": "raise", "at": 0}, 7)
     assert "in reset" in e.value.traceback_text and "raise ConnectionError" in str(e.value)
+    with pytest.raises(EnvError, match=r"seed 3, turn 0 \(make\): OSError: no simulator licence"):
+        envs.check_env("scripted", {"fault": "init"}, 3)
     with pytest.raises(envs.RegistryError, match="does not accept option"):
         envs.check_env("scripted", {"colour": "red"}, 3)
 
