@@ -184,6 +184,26 @@ def plan(config, model=None) -> dict:
     }
 
 
+def check_prompt(processor) -> dict:
+    """The first maze prompt through the stand-in tokenizer and processor, as the rollout builds it."""
+    from envs.maze import MazeEnv
+    from grpo import forward
+    from rollout.conversation import ChatFormat
+
+    obs = MazeEnv(size=WORKLOAD["maze_size"], cell_px=WORKLOAD["cell_px"], max_turns=WORKLOAD["max_turns"]).reset(0)
+    chat = ChatFormat(processor)
+    ids = chat.prompt_ids(obs)
+    expanded = forward.expand(processor, ids, obs.images)
+    image_tokens = int((expanded.input_ids == TOKEN_IDS["image_token_id"]).sum())
+    blocks = WORKLOAD["maze_size"] ** 2
+    if image_tokens != blocks:
+        raise AssertionError(f"a {WORKLOAD['maze_size']} x {WORKLOAD['maze_size']} maze at {WORKLOAD['cell_px']} px "
+                             f"should give one image token per block ({blocks}), got {image_tokens}")
+    # An untrained model samples any id of the vocabulary: each must decode.
+    chat.action_text([0, 1000, TEXT_CONFIG["vocab_size"] - 1])
+    return {"prompt_tokens": len(ids), "image_tokens": image_tokens, "expanded_prompt_tokens": len(expanded.input_ids)}
+
+
 def build_model(out: Path, config) -> Path:
     """Random bf16 weights initialised on the GPU (seconds, not minutes on the CPU), saved once."""
     import torch
@@ -367,6 +387,7 @@ def main(argv=None) -> dict:
                 raise AssertionError(f"the stand-in tokenizer puts {token} at {tokenizer.convert_tokens_to_ids(token)}, "
                                      f"the published config at {i}")
         result["tokenizer_vocab"] = len(tokenizer)
+        result["first_prompt"] = check_prompt(build_processor(tokenizer))
     else:
         result = run(Path(a.work).resolve(), Path(a.out))
     print(json.dumps(result))

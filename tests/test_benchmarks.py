@@ -32,6 +32,8 @@ def test_gpu_script_dry_run_checks_the_8b_shapes_without_cuda():
     assert plan["lora_modules"] == 36 * 7
     assert plan["tokenizer_vocab"] == 151936
     assert plan["forward_gflop_per_token"] == round(2 * TEXT_PARAMS / 1e9, 2)
+    # A 9 x 9 maze of 32 px blocks through the stand-in tokenizer and processor: one image token per block.
+    assert plan["first_prompt"]["image_tokens"] == 81
 
 
 def test_gpu_script_refuses_to_run_without_a_gpu(tmp_path):
