@@ -188,3 +188,23 @@ def plot_curves(metrics_path: Path, out_png: Path, keys=CURVES, start: dict | No
     fig.savefig(out_png, dpi=100)
     plt.close(fig)
     return Path(out_png)
+
+
+def drop_steps_after(path: Path, step: int) -> int:
+    """Remove the step records past `step` from metrics.jsonl (events stay): a run resumed or recovered from
+    the checkpoint of `step` logs those steps again, one line a step. Returns how many were removed."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    kept = [line for line in lines if not line.strip() or _kept_after(json.loads(line), step)]
+    if len(kept) == len(lines):
+        return 0
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept if line.strip()))
+    tmp.replace(path)
+    return len(lines) - len(kept)
+
+
+def _kept_after(record: dict, step: int) -> bool:
+    return "event" in record or int(record.get("step", 0)) <= step

@@ -1,8 +1,11 @@
-"""The driver's handle on the rollout workers: Ray actors, one vLLM engine each, fed slices of a batch."""
+"""The driver's handle on the rollout workers: Ray actors, one vLLM engine each, fed slices of a batch.
+
+Every call waits at most `call_timeout_s`; a worker that died or did not answer raises grpo.fault.ActorFault."""
 from __future__ import annotations
 
 import os
 
+from grpo.fault import Fault, arm, gather
 from rollout.engine import EngineConfig
 from rollout.trajectory import RolloutStats, Trajectory
 from rollout.worker import RolloutConfig, RolloutWorker, Task
@@ -10,7 +13,7 @@ from rollout.worker import RolloutConfig, RolloutWorker, Task
 
 class RolloutPool:
     def __init__(self, engine_config: EngineConfig, store_root: str, run_dir: str, workers: int = 1,
-                 gpus_per_worker: float = 0.0):
+                 gpus_per_worker: float = 0.0, resources: dict | None = None, call_timeout_s: float = 1800.0):
         import ray
 
         import envs
@@ -20,15 +23,21 @@ class RolloutPool:
             # The trainer ranks idle while the engine generates, so the engine gets every core of the node
             # (Ray would otherwise pin a 1-CPU actor to one OpenMP thread).
             env_vars["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)
-        actor = ray.remote(RolloutWorker).options(num_cpus=1, num_gpus=gpus_per_worker,
+        actor = ray.remote(RolloutWorker).options(num_cpus=1, num_gpus=gpus_per_worker, resources=dict(resources or {}),
                                                   runtime_env={"env_vars": env_vars})
         self.workers = [actor.remote(engine_config, store_root=store_root, worker_id=f"rollout-{i}",
                                      run_dir=run_dir, env_factories=envs.factories())
                         for i in range(workers)]
-        self._ray = ray
+        self.call_timeout_s = call_timeout_s
+
+    def ready(self, timeout_s: float) -> None:
+        """Wait until every worker has started (placed on a node, engine loaded)."""
+        gather([(f"rollout-{i}", w.__ray_ready__.remote()) for i, w in enumerate(self.workers)], timeout_s,
+               "starting the rollout workers (fault.start_timeout_s)")
 
     def _all(self, method: str, *args) -> list:
-        return self._ray.get([getattr(w, method).remote(*args) for w in self.workers])
+        return gather([(f"rollout-{i}", getattr(w, method).remote(*args)) for i, w in enumerate(self.workers)],
+                      self.call_timeout_s, method)
 
     def sync_adapter(self, version: int) -> None:
         served = self._all("sync_adapter", version)
@@ -41,15 +50,18 @@ class RolloutPool:
     def wake_up(self) -> None:
         self._all("wake_up")
 
-    def rollout(self, tasks: list[Task], group_size: int, config: RolloutConfig,
-                greedy: bool = False) -> tuple[list[Trajectory], RolloutStats]:
-        """Tasks split into contiguous slices, one per worker; group ids renumbered batch-wide."""
+    def rollout(self, tasks: list[Task], group_size: int, config: RolloutConfig, greedy: bool = False,
+                faults: list[Fault] = ()) -> tuple[list[Trajectory], RolloutStats]:
+        """Tasks split into contiguous slices, one per worker; group ids renumbered batch-wide. `faults`
+        (injected, grpo.fault) fire in the named workers during this call."""
         n = len(self.workers)
+        for f in faults:
+            arm(self.workers[f.index], f)
         bounds = [len(tasks) * k // n for k in range(n + 1)]
         slices = [(bounds[k], tasks[bounds[k]:bounds[k + 1]]) for k in range(n)]
-        refs = [w.rollout.remote(part, group_size, config, greedy) for w, (_, part) in zip(self.workers, slices)
-                if part]
-        results = self._ray.get(refs)
+        calls = [(f"rollout-{i}", w.rollout.remote(part, group_size, config, greedy))
+                 for i, (w, (_, part)) in enumerate(zip(self.workers, slices)) if part]
+        results = gather(calls, self.call_timeout_s, "rollout")
         trajs: list[Trajectory] = []
         for (offset, part), (chunk, _) in zip([s for s in slices if s[1]], results):
             for t in chunk:
@@ -58,8 +70,11 @@ class RolloutPool:
         return trajs, merge_stats([s for _, s in results])
 
     def shutdown(self) -> None:
+        """Kill the workers, alive, hung or dead; safe to call twice."""
+        import ray
+
         for w in self.workers:
-            self._ray.kill(w)
+            ray.kill(w)
         self.workers = []
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from grpo.config import AlgorithmConfig, ConfigError, check_bool, check_number, require
+from grpo.fault import FaultSection
 from grpo.lora import LoraSettings
 from grpo.train_config import TrainConfig
 
@@ -119,11 +120,22 @@ class ClusterSection:
     rollout_workers: int = 1        # one vLLM engine each (one per GPU on a cluster)
     train_ranks: int = 2            # FSDP ranks
     colocate: bool = True           # rollout engines share the trainer's devices (vLLM sleeps while training)
+    # Extra Ray resources each rollout worker / each train rank asks for, e.g. {"rollout_node": 1}: with
+    # custom resources on the nodes (`ray start --resources`) they put rollout and training on chosen nodes.
+    rollout_resources: dict = field(default_factory=dict)
+    train_resources: dict = field(default_factory=dict)
 
     def __post_init__(self):
         check_number(self, "rollout_workers", integer=True, ge=1)
         check_number(self, "train_ranks", integer=True, ge=1)
         check_bool(self, "colocate")
+        for name in ("rollout_resources", "train_resources"):
+            value = getattr(self, name)
+            require(self, name, isinstance(value, dict) and all(
+                isinstance(k, str) and k not in ("CPU", "GPU") and isinstance(v, (int, float))
+                and not isinstance(v, bool) and v > 0 for k, v in value.items()),
+                "a mapping of custom Ray resource names to positive amounts, e.g. {'rollout_node': 1} "
+                "(CPU and GPU are set by the trainer)")
 
 
 @dataclass(frozen=True)
@@ -172,7 +184,7 @@ class MetricsSection:
 SECTIONS = {
     "env": EnvSection, "lora": LoraSettings, "algorithm": AlgorithmConfig, "train": TrainConfig,
     "rollout": RolloutSection, "eval": EvalSection, "checkpoint": CheckpointSection,
-    "cluster": ClusterSection, "metrics": MetricsSection,
+    "cluster": ClusterSection, "metrics": MetricsSection, "fault": FaultSection,
 }
 
 
@@ -194,6 +206,7 @@ class RunConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+    fault: FaultSection = field(default_factory=FaultSection)
 
     def __post_init__(self):
         # Plain dicts (YAML, keyword arguments) become their typed sections, and an env may be just a name.

@@ -413,51 +413,75 @@ class TrainWorker:
 class TrainGroup:
     """`world_size` TrainWorker Ray actors in one process group, driven from this process.
 
-    Needs `ray.init` first. Each rank gets a placement-group bundle of `cpus_per_rank` CPUs and, when the
-    cluster has GPUs (or `gpus_per_rank` says so), one GPU; PACK keeps the ranks on as few nodes as fit.
+    Needs `ray.init` first. Each rank gets a placement-group bundle of `cpus_per_rank` CPUs, the custom
+    `resources` given and, when the cluster has GPUs (or `gpus_per_rank` says so), one GPU; PACK keeps the
+    ranks on as few nodes as fit. Starting waits at most `start_timeout_s`, every later call at most
+    `call_timeout_s`; a rank that died or did not answer raises grpo.fault.ActorFault.
     """
 
     def __init__(self, model_path: str, world_size: int = 2, *, lora: LoraSettings | None = None,
                  algorithm: AlgorithmConfig | None = None, train: TrainConfig | None = None,
                  adapter_path: str | None = None, dtype: str = "auto", cpus_per_rank: float = 1,
-                 gpus_per_rank: float | None = None, ready_timeout_s: float = 600):
+                 gpus_per_rank: float | None = None, resources: dict | None = None, start_timeout_s: float = 600,
+                 call_timeout_s: float = 1800):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        from grpo.fault import ActorFault, gather
+
         if gpus_per_rank is None:
             gpus_per_rank = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        bundle = {"CPU": cpus_per_rank, **({"GPU": gpus_per_rank} if gpus_per_rank else {})}
+        bundle = {"CPU": cpus_per_rank, **({"GPU": gpus_per_rank} if gpus_per_rank else {}), **(resources or {})}
         self.world_size = world_size
         self.step = 0
+        self.call_timeout_s = call_timeout_s
         self.workers: list = []
         self._pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
         try:
-            ray.get(self._pg.ready(), timeout=ready_timeout_s)
+            ready, _ = ray.wait([self._pg.ready()], timeout=start_timeout_s)
+            if not ready:
+                raise ActorFault("train ranks", f"no room for {world_size} x {bundle} within {start_timeout_s:g} s "
+                                 "(fault.start_timeout_s)")
             actor = ray.remote(TrainWorker)
             self.workers = [
-                actor.options(num_cpus=cpus_per_rank, num_gpus=gpus_per_rank,
+                actor.options(num_cpus=cpus_per_rank, num_gpus=gpus_per_rank, resources=dict(resources or {}),
                               scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, r)).remote(
                     model_path, lora=lora, algorithm=algorithm, train=train, adapter_path=adapter_path,
                     rank=r, world_size=world_size, dtype=dtype)
                 for r in range(world_size)
             ]
-            addr, port = ray.get(self.workers[0].rendezvous_address.remote())
-            ray.get([w.setup.remote(addr, port) for w in self.workers])
+            # With one rank the worker sets itself up (no process group to form).
+            if world_size > 1:
+                addr, port = gather([("train_rank-0", self.workers[0].rendezvous_address.remote())],
+                                    start_timeout_s, "starting the train ranks")[0]
+                gather(self._named([w.setup.remote(addr, port) for w in self.workers]), start_timeout_s,
+                       "forming the train ranks' process group")
+            else:
+                gather(self._named([self.workers[0].__ray_ready__.remote()]), start_timeout_s, "starting the train rank")
         except BaseException:
             self.shutdown()
             raise
 
+    def _named(self, refs: list) -> list:
+        return [(f"train_rank-{r}", ref) for r, ref in enumerate(refs)]
+
     def _all(self, method: str, *args, **kwargs) -> list:
+        from grpo.fault import gather
+
+        return gather(self._named([getattr(w, method).remote(*args, **kwargs) for w in self.workers]),
+                      self.call_timeout_s, method)
+
+    def train_step(self, trajectories: Sequence, advantages, faults: Sequence = ()) -> dict[str, float]:
+        """One step on every rank; `faults` (injected, grpo.fault) fire in the named ranks during it."""
         import ray
 
-        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
-
-    def train_step(self, trajectories: Sequence, advantages) -> dict[str, float]:
-        import ray
+        from grpo.fault import arm
 
         if torch.is_tensor(advantages):
             advantages = advantages.tolist()
+        for f in faults:
+            arm(self.workers[f.index], f)
         # One copy in the object store, read by every rank.
         metrics = self._all("train_step", ray.put(list(trajectories)), ray.put(list(advantages)))[0]
         self.step = int(metrics["step"])
