@@ -1,0 +1,74 @@
+"""Taking turns: contenders run as child processes that each run one training step when told to, so two
+systems alternate step by step in one run (A, B, A, B, ...) and share the machine's load fairly.
+
+Child side: `report(event)` prints one marked JSON line on stdout, `wait_go()` blocks until the parent says go.
+Parent side: `Contender` starts a child, reads its events, and tells it when to run its next step.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MARK = "@@turns "
+
+
+def report(event: dict) -> None:
+    print(MARK + json.dumps(event), flush=True)
+
+
+def wait_go() -> None:
+    line = sys.stdin.readline()
+    if line.strip() != "go":
+        raise SystemExit(f"turns: expected 'go' from the parent, got {line!r}")
+
+
+class Contender:
+    """One child process; its stderr (and unmarked stdout) goes to `log`."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict | None = None):
+        self.name, self.log = name, Path(log)
+        self.launched = time.perf_counter()
+        self._log = open(self.log, "w")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                     text=True, env=env, bufsize=1)
+
+    def event(self, kind: str, timeout_s: float = 1800) -> dict:
+        """The next event of `kind`; everything else the child prints goes to its log."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{self.name} exited (code {self.proc.wait()}) before its {kind!r} event: "
+                                   f"see {self.log}")
+            if not line.startswith(MARK):
+                self._log.write(line)
+                continue
+            event = json.loads(line[len(MARK):])
+            event["at_s"] = time.perf_counter() - self.launched
+            if event.get("event") == kind:
+                return event
+        raise TimeoutError(f"{self.name}: no {kind!r} event within {timeout_s} s: see {self.log}")
+
+    def step(self) -> dict:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self.event("step")
+
+    def close(self, timeout_s: float = 300) -> int:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            # Drain what is left (the last step's wrap-up) so the child never blocks on a full pipe.
+            for line in self.proc.stdout:
+                self._log.write(line)
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            code = self.proc.wait(60)
+        self._log.close()
+        return code
