@@ -41,6 +41,9 @@ class MergedLoader:
                 "sync.AdapterStore.publish before hot-loading")
         self._llm.collective_rpc(_merge_into_worker, args=(self._model_dir, path))
         self._llm.reset_prefix_cache()
+        # The reload empties the runner's encoder cache; the scheduler would still count the old image
+        # embeddings as cached and the next request with a seen image fails ("Encoder cache miss").
+        self._llm.llm_engine.reset_encoder_cache()
         lora_id = next(self._ids)
         self.current = LoadedAdapter(version, f"merged-v{version:06d}-{lora_id}", lora_id, path)
         self._served = version
@@ -58,6 +61,7 @@ class MergedLoader:
         adapter = self.current.path if want is not None else None
         self._llm.collective_rpc(_merge_into_worker, args=(self._model_dir, adapter))
         self._llm.reset_prefix_cache()
+        self._llm.llm_engine.reset_encoder_cache()
         self._served = want
 
 
