@@ -1,4 +1,5 @@
-"""Where a run's numbers go: metrics.jsonl (one line a step), TensorBoard, a Prometheus endpoint, PNG curves."""
+"""Where a run's numbers go: metrics.jsonl (one line a step), TensorBoard, a Prometheus endpoint (the PNG
+curves: grpo.curves)."""
 from __future__ import annotations
 
 import json
@@ -149,45 +150,6 @@ def read_metrics(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-CURVES = ("rollout/success_rate", "eval/success_rate", "rollout/mean_reward", "train/sampler_abs_diff")
-
-
-def curve_series(records: list[dict], keys=CURVES, start: dict | None = None) -> dict[str, list[tuple[float, float]]]:
-    """(step, value) points per key, in `keys` order; `start` gives step-0 values (the eval before training,
-    which no step record holds)."""
-    series = {k: [(0, float(start[k]))] for k in keys if start and start.get(k) is not None}
-    for r in records:
-        flat = dict(_numbers(r))
-        for k in keys:
-            if k in flat:
-                series.setdefault(k, []).append((flat.get("step", 0), flat[k]))
-    return {k: series[k] for k in keys if k in series}
-
-
-def plot_curves(metrics_path: Path, out_png: Path, keys=CURVES, start: dict | None = None) -> Path | None:
-    """One panel per curve over steps; returns the PNG's path, or None with nothing to plot."""
-    series = curve_series(read_metrics(metrics_path), keys, start)
-    if not series:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.4 * len(series)), squeeze=False)
-    for ax, (k, pts) in zip(axes[:, 0], series.items()):
-        xs, ys = zip(*pts)
-        ax.plot(xs, ys, marker="o", markersize=3)
-        ax.set_ylabel(k.split("/")[-1])
-        ax.set_title(k, fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
-    return Path(out_png)
 
 
 def drop_steps_after(path: Path, step: int) -> int:

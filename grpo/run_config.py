@@ -166,11 +166,13 @@ class MetricsSection:
     tensorboard: bool = True
     prometheus_port: Optional[int] = None   # serve /metrics while running (Grafana scrapes it)
     plots: bool = True
+    samples_per_step: int = 4   # decoded episodes a step written to samples.jsonl (0: none)
     wandb: Optional[WandbSettings] = None   # e.g. {project: maze-grpo}; None: no W&B
 
     def __post_init__(self):
         check_bool(self, "tensorboard")
         check_number(self, "prometheus_port", integer=True, ge=1, le=65535, optional=True)
+        check_number(self, "samples_per_step", integer=True, ge=0)
         if isinstance(self.wandb, dict):
             object.__setattr__(self, "wandb", _build(WandbSettings, self.wandb, "metrics.wandb"))
         require(self, "wandb", self.wandb is None or isinstance(self.wandb, WandbSettings),

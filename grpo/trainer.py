@@ -21,7 +21,11 @@ import torch
 
 from grpo import checkpoint, run_summary
 from grpo.advantages import group_advantages, step_advantages
-from grpo.metrics import MetricsSink, plot_curves
+from grpo.curves import plot_curves
+from grpo.eval import eval_summary
+from grpo.report import step_warnings, summary_rows, table
+from grpo.samples import SampleWriter, pick, reward_components
+from grpo.metrics import MetricsSink
 from grpo.run_config import RunConfig
 from rollout import runtime
 from rollout.worker import Task
@@ -47,6 +51,8 @@ class Trainer:
         self.run_dir = Path(config.output_dir).resolve()
         self._check_before_starting()
         self.pool = self.group = self.sink = None
+        self.samples = SampleWriter(self.run_dir / "samples.jsonl", config.model)
+        self.eval_samples = SampleWriter(self.run_dir / "eval_samples.jsonl", config.model)
         self._ray_tmp = None
 
     def _check_before_starting(self) -> None:
@@ -70,7 +76,7 @@ class Trainer:
             state = self._resume_or_begin()
             sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state["cursor"])
             rollout_cfg = cfg.rollout.rollout_config()
-            progress = _progress(state["step"], cfg.steps)
+            progress = _progress(state["step"], cfg.steps, cfg.group_size, cfg.rollout.max_model_len)
             for step in range(state["step"], cfg.steps):
                 t0 = time.perf_counter()
                 trajs, rstats = self.pool.rollout(sampler.take(cfg.tasks_per_step), cfg.group_size, rollout_cfg)
@@ -90,7 +96,8 @@ class Trainer:
                           "rollout": rstats.as_dict(), "train": tstats, **credit,
                           "time": {"rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0}}
                 if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-                    record["eval"] = state["evals"][str(step + 1)] = self.evaluate()
+                    record["eval"] = state["evals"][str(step + 1)] = self.evaluate(label=f"step {step + 1}")
+                self._record_episodes(step + 1, trajs, record)
                 self.sink.log(record)
                 progress(record)
                 reached = _reached(record, cfg.eval.target_success)
@@ -103,13 +110,15 @@ class Trainer:
             self.close()
             restore()
 
-    def evaluate(self, seeds=None) -> dict:
-        """Greedy episodes on the fixed evaluation seeds with the adapter the workers serve now."""
+    def evaluate(self, seeds=None, label: str = "eval") -> dict:
+        """Greedy episodes on the fixed evaluation seeds with the adapter the workers serve now; every episode
+        goes to eval_samples.jsonl under `label`."""
         seeds = list(seeds) if seeds is not None else self.config.eval_seeds
         cfg = self.config
         tasks = [Task(cfg.env.name, s, cfg.env.options) for s in seeds]
         trajs, stats = self.pool.rollout(tasks, 1, cfg.rollout.rollout_config(), greedy=True)
-        return {"success_rate": stats.success_rate, "mean_turns": stats.mean_turns, "episodes": stats.episodes,
+        self.eval_samples.write(trajs, label=label)
+        return {**eval_summary(trajs, stats),
                 "solved_seeds": [t.seed for t in trajs if t.success], "outcomes": run_summary.episode_outcomes(trajs)}
 
     # ------------------------------------------------------------------------------------------ pieces
@@ -134,6 +143,13 @@ class Trainer:
                       step_adv_abs_mean=_mean_abs([s for per_turn in steps.advantages for s in per_turn]))
         return adv, kept, credit
 
+    def _record_episodes(self, step: int, trajs, record: dict) -> None:
+        """The mean of each reward function the env reports (`reward/<name>`), and a few decoded episodes."""
+        rewards = reward_components(trajs)
+        if rewards:
+            record["reward"] = rewards
+        self.samples.write(pick(trajs, self.config.metrics.samples_per_step), step=step)
+
     def _check_versions(self, trajs, expected: int) -> None:
         # The alarm for the worst silent failure: rollouts quietly sampling a stale adapter.
         used = {t.adapter_version for t in trajs}
@@ -152,7 +168,7 @@ class Trainer:
         state["version"] = self.group.publish(self.store_root)
         self.pool.sync_adapter(state["version"])
         if "eval_before" not in state:
-            state["eval_before"] = self.evaluate()
+            state["eval_before"] = self.evaluate(label="before")
             print(f"[grpo] eval before training: {state['eval_before']['success_rate']:.1%}", file=sys.stderr)
         state["started"] = time.time() - state["wall_s"]
         return state
@@ -164,12 +180,13 @@ class Trainer:
 
     def _finish(self, state: dict) -> dict:
         cfg = self.config
-        after = self.evaluate()
-        unseen = self.evaluate(cfg.unseen_seeds) if cfg.unseen_seeds else None
+        after = self.evaluate(label="after")
+        unseen = self.evaluate(cfg.unseen_seeds, label="unseen") if cfg.unseen_seeds else None
         curve = None
         if cfg.metrics.plots:
             curve = plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png",
-                                start={"eval/success_rate": state["eval_before"]["success_rate"]})
+                                start={"eval/success_rate": state["eval_before"]["success_rate"]},
+                                end={"eval/success_rate": after["success_rate"]})
         summary = {
             "eval_before": state["eval_before"]["success_rate"], "eval_after": after["success_rate"],
             "unseen_after": unseen["success_rate"] if unseen else None, "steps": state["step"],
@@ -180,6 +197,7 @@ class Trainer:
             **run_summary.mechanism(self.run_dir / "metrics.jsonl", cfg.tasks_per_step, state["eval_before"], after),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        print(table(summary_rows(summary, self.run_dir)), flush=True)
         return summary
 
     # ------------------------------------------------------------------------------ start and teardown
@@ -196,11 +214,10 @@ class Trainer:
 
         from grpo.rollout_pool import RolloutPool
         from grpo.train_worker import TrainGroup
-        from rollout.engine import EngineConfig
 
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        runtime.configure(self.run_dir)
+        runtime.configure(self.run_dir, runtime.shared_cache_dir(self.run_dir))
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
         if not ray.is_initialized():
             if cfg.cluster.address:
@@ -217,10 +234,7 @@ class Trainer:
         share = 0.5 if (gpus and cfg.cluster.colocate) else (1.0 if gpus else 0.0)
         self.sink = MetricsSink(self.run_dir, cfg.metrics.tensorboard, cfg.metrics.prometheus_port,
                                 wandb=cfg.metrics.wandb, run_config=cfg.to_dict())
-        r = cfg.rollout
-        engine = EngineConfig(model=cfg.model, dtype=r.dtype, max_model_len=r.max_model_len,
-                              max_lora_rank=cfg.lora.rank, seed=cfg.seed, kv_cache_memory_bytes=r.kv_cache_memory_bytes,
-                              gpu_memory_utilization=r.gpu_memory_utilization)
+        engine = engine_config(cfg)
         self.pool = RolloutPool(engine, self.store_root, str(self.run_dir), cfg.cluster.rollout_workers, share)
         self.group = TrainGroup(cfg.model, cfg.cluster.train_ranks, lora=cfg.lora, algorithm=cfg.algorithm,
                                 train=cfg.train, adapter_path=cfg.adapter, gpus_per_rank=share)
@@ -262,6 +276,16 @@ def _mean_abs(values: list[float]) -> float:
     return sum(abs(v) for v in values) / len(values) if values else 0.0
 
 
+def engine_config(cfg: RunConfig):
+    """The vLLM engine a run's config asks for: the trainer's rollout workers and grpo.eval start the same."""
+    from rollout.engine import EngineConfig
+
+    r = cfg.rollout
+    return EngineConfig(model=cfg.model, dtype=r.dtype, max_model_len=r.max_model_len, max_lora_rank=cfg.lora.rank,
+                        seed=cfg.seed, kv_cache_memory_bytes=r.kv_cache_memory_bytes,
+                        gpu_memory_utilization=r.gpu_memory_utilization)
+
+
 def rstats_version(trajs) -> int:
     return trajs[0].adapter_version if trajs else -1
 
@@ -270,7 +294,7 @@ def _reached(record: dict, target) -> bool:
     return target is not None and "eval" in record and record["eval"]["success_rate"] >= target
 
 
-def _progress(start: int, total: int):
+def _progress(start: int, total: int, group_size: int, max_model_len: int):
     from tqdm import tqdm
 
     bar = tqdm(total=total, initial=start, desc="grpo", unit="step", file=sys.stderr, dynamic_ncols=True)
@@ -284,6 +308,8 @@ def _progress(start: int, total: int):
             shown["eval"] = f"{record['eval']['success_rate']:.0%}"
         bar.set_postfix(shown, refresh=False)
         bar.update(1)
+        for warning in step_warnings(record, group_size, max_model_len):
+            bar.write(f"[grpo] warning: {warning}", file=sys.stderr)
         if record["step"] >= total:
             bar.close()
 

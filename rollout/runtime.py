@@ -25,13 +25,25 @@ def default_dtype() -> str:
     return "bfloat16" if has_cuda() else "float32"
 
 
-def configure(run_dir: str | Path) -> Path:
-    """Point every cache and temp folder of vLLM, Ray and friends inside `run_dir`, never under $HOME.
+def shared_cache_dir(run_dir: str | Path) -> Path:
+    """The cache a training run and `grpo.eval` use: $GRPO_CACHE_DIR, or `.cache` beside the run folder
+    (runs/maze -> runs/.cache), so that runs side by side share one. Nothing in it depends on the run:
+    vLLM's and torch's compiled kernels (on a GPU; a compiling engine also put torch's 149 MB precompiled
+    header in the temp folder, and its first rollout took 85 s in a fresh cache against 8.6 s in a warm one on
+    2 cores), vLLM's and Hugging Face's caches, temp files. On the CPU vLLM runs eager and it stays small."""
+    return Path(os.environ.get("GRPO_CACHE_DIR") or Path(run_dir).resolve().parent / ".cache")
+
+
+def configure(run_dir: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """Point every cache and temp folder of vLLM, torch, Ray and friends at one cache folder, never under
+    $HOME: $GRPO_CACHE_DIR when set, else `cache_dir`, else `run_dir/.cache`. The folder is exported as
+    GRPO_CACHE_DIR, so the first call in a process decides, and Ray actors and subprocesses started
+    afterwards use the same folder.
 
     Must run before vllm is imported: vLLM reads its environment at import time.
     """
-    run_dir = Path(run_dir).resolve()
-    cache = run_dir / ".cache"
+    default = Path(cache_dir) if cache_dir is not None else Path(run_dir) / ".cache"
+    cache = Path(os.environ.setdefault("GRPO_CACHE_DIR", str(default.resolve())))
     cache.mkdir(parents=True, exist_ok=True)
     env = {
         "VLLM_CACHE_ROOT": str(cache / "vllm"),
@@ -58,7 +70,8 @@ def configure(run_dir: str | Path) -> Path:
         env["TORCHDYNAMO_DISABLE"] = "1"
     for k, v in env.items():
         os.environ.setdefault(k, v)
-    # vLLM drops a rendezvous file into the temp folder at every engine start; keep those in the run too.
+    # vLLM drops a rendezvous file into the temp folder at every engine start, and torch keeps its
+    # precompiled header in the temp folder as it is when torch's code cache is first imported.
     tmp = cache / "tmp"
     tmp.mkdir(exist_ok=True)
     os.environ["TMPDIR"] = str(tmp)

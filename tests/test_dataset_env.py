@@ -1,0 +1,158 @@
+"""The dataset env: rows scored by reward functions, by hand; then a few GRPO steps on a small arithmetic
+dataset through grpo.Trainer (the tiny text model, real vLLM, Ray and FSDP)."""
+import json
+import re
+import sys
+
+import pytest
+
+import envs
+from envs.dataset import DatasetEnv, load_rows, reward_functions
+
+
+def correct(prompt, completion, row):
+    numbers = re.findall(r"-?\d+", completion)
+    return float(bool(numbers) and numbers[-1] == str(row["answer"]))
+
+
+def number_only(prompt, completion, row):
+    return 1.0 if re.fullmatch(r"\s*-?\d+\s*", completion) else 0.0
+
+
+def arithmetic_rows(n: int) -> list[dict]:
+    return [{"prompt": f"What is {a}+{b}? Answer with a number.", "answer": a + b}
+            for a, b in ((i % 7, (3 * i) % 5) for i in range(n))]
+
+
+def test_weighted_sum_of_reward_functions_on_a_hand_checked_row():
+    env = DatasetEnv(arithmetic_rows(4), rewards={"correct": correct, "format": number_only},
+                     weights={"correct": 1.0, "format": 0.25})
+    # Row 2: 2 + 6 % 5 = 2 + 1 = 3.
+    assert env.reset(2).text == "What is 2+1? Answer with a number."
+    right = env.step(" 3")
+    assert right.done and right.info["rewards"] == {"correct": 1.0, "format": 1.0}
+    assert right.reward == 1.0 * 1.0 + 0.25 * 1.0 and right.info["success"] and right.info["row"] == 2
+    env.reset(2)
+    wordy = env.step("It is 3.")
+    assert wordy.info["rewards"] == {"correct": 1.0, "format": 0.0} and wordy.reward == 1.0
+    env.reset(2)
+    wrong = env.step("4")
+    assert wrong.info["rewards"] == {"correct": 0.0, "format": 1.0} and wrong.reward == 0.25
+    assert not wrong.info["success"]  # success follows the first reward function by default
+
+
+def test_seeds_name_rows_and_training_seeds_skip_the_held_out_rows():
+    env = DatasetEnv(arithmetic_rows(10), rewards=correct, holdout=4)
+    assert [env.row_index(s) for s in range(10)] == list(range(10))
+    # The trainer's draw (train_seed_offset and up) cycles through rows 4..9 only.
+    assert sorted({env.row_index(1_000_000 + i) for i in range(60)}) == [4, 5, 6, 7, 8, 9]
+    assert env.row_index(1_000_000) == 4 + 1_000_000 % 6
+    assert [DatasetEnv(arithmetic_rows(3), correct).row_index(s) for s in (3, 4, 5)] == [0, 1, 2]
+
+
+def test_rows_from_jsonl_and_json_files_and_reward_functions_by_name(tmp_path):
+    rows = arithmetic_rows(3)
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "d.json").write_text(json.dumps(rows))
+    assert load_rows(tmp_path / "d.jsonl") == rows and load_rows(str(tmp_path / "d.json")) == rows
+    # "module:function" strings keep a config serialisable (config.yaml, grpo.eval): built by name, as in YAML.
+    env = envs.make("dataset", data=str(tmp_path / "d.jsonl"), rewards=["test_dataset_env:correct"], weights=[2.0])
+    assert env.reset(1).text == "What is 1+3? Answer with a number."
+    assert env.step("5").reward == 0.0
+    env.reset(1)
+    assert env.step("4").reward == 2.0 and list(env.rewards) == ["correct"]
+
+
+def test_images_from_rows(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(tmp_path / "red.png")
+    rows = [{"prompt": "Colour?", "image": str(tmp_path / "red.png")},
+            {"prompt": "Colours?", "image": [Image.new("L", (4, 4)), str(tmp_path / "red.png")]}]
+    env = DatasetEnv(rows, rewards=lambda p, c, r: 1.0, image_key="image")
+    first = env.reset(0).images
+    assert len(first) == 1 and first[0].mode == "RGB" and first[0].getpixel((0, 0)) == (255, 0, 0)
+    assert [im.size for im in env.reset(1).images] == [(4, 4), (8, 8)]
+
+
+def test_mistakes_are_named(tmp_path, monkeypatch):
+    rows = arithmetic_rows(3)
+    with pytest.raises(ValueError, match="weights has 1 values for 2 reward functions"):
+        DatasetEnv(rows, rewards=[correct, number_only], weights=[1.0])
+    with pytest.raises(ValueError, match="'typo', which is no reward function"):
+        DatasetEnv(rows, rewards=[correct], weights={"typo": 1.0})
+    with pytest.raises(ValueError, match="two reward functions are named 'correct'"):
+        reward_functions([correct, correct])
+    with pytest.raises(ValueError, match="cannot be loaded"):
+        reward_functions("no_such_module_xyz:fn")
+    with pytest.raises(ValueError, match="holdout=3 must be an integer from 0 to 2"):
+        DatasetEnv(rows, rewards=correct, holdout=3)
+    with pytest.raises(ValueError, match="row 0 has no text under prompt_key='question'"):
+        DatasetEnv(rows, rewards=correct, prompt_key="question").reset(0)
+    env = DatasetEnv(rows, rewards={"bad": lambda p, c, r: "1"})
+    env.reset(0)
+    with pytest.raises(ValueError, match="reward function 'bad' returned '1' on row 0: it must return a finite"):
+        env.step("1")
+    env = DatasetEnv(rows, rewards={"boom": lambda p, c, r: r["missing"]})
+    env.reset(1)
+    with pytest.raises(RuntimeError, match="reward function 'boom' failed on row 1: KeyError"):
+        env.step("1")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_rows(tmp_path / "nope.jsonl")
+    # A saved `datasets` folder without the package: how to install it (None in sys.modules fails the import).
+    (tmp_path / "saved").mkdir()
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ImportError, match="pip install datasets"):
+        load_rows(tmp_path / "saved")
+
+
+def test_a_saved_hugging_face_dataset(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(arithmetic_rows(5))}).save_to_disk(tmp_path / "ds")
+    with pytest.raises(ValueError, match=r"splits \['train'\]"):
+        load_rows(tmp_path / "ds")
+    env = DatasetEnv(str(tmp_path / "ds"), rewards=correct, split="train")
+    assert env.reset(4).text == arithmetic_rows(5)[4]["prompt"]
+
+
+@pytest.mark.slow
+def test_grpo_trains_on_an_arithmetic_dataset_with_two_reward_functions(tmp_path, tiny_text):
+    import functools
+
+    import grpo
+
+    # Defined here, as in a user's script: Ray ships them to the rollout actors by value.
+    def correct(prompt, completion, row):
+        numbers = re.findall(r"-?\d+", completion)
+        return float(bool(numbers) and numbers[-1] == str(row["answer"]))
+
+    def number_only(prompt, completion, row):
+        return 1.0 if re.fullmatch(r"\s*-?\d+\s*", completion) else 0.0
+
+    envs.register("arith", functools.partial(DatasetEnv, rewards={"correct": correct, "format": number_only}),
+                  overwrite=True)
+    data = tmp_path / "arith.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in arithmetic_rows(24)))
+    options = {"data": str(data), "weights": {"correct": 1.0, "format": 0.5}, "holdout": 4}
+    out = tmp_path / "run"
+    summary = grpo.Trainer(grpo.RunConfig(
+        model=str(tiny_text), output_dir=str(out), steps=2, tasks_per_step=2, env={"name": "arith", "options": options},
+        algorithm={"group_size": 4}, lora={"rank": 8, "alpha": 16.0}, train={"lr": 1e-3, "micro_batch_size": 8},
+        rollout={"max_tokens_per_turn": 6, "max_model_len": 512}, eval={"seeds": "0-3"},
+        checkpoint={"every": 2}, cluster={"train_ranks": 1}, metrics={"tensorboard": False, "samples_per_step": 2},
+    )).fit()
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2]
+    for r in lines:
+        assert set(r["reward"]) == {"correct", "format"}
+        assert 0 <= r["reward"]["correct"] <= 1 and 0 <= r["reward"]["format"] <= 1
+        # One turn an episode: the mean reward is the weighted sum of the functions' means.
+        assert r["rollout"]["mean_reward"] == pytest.approx(r["reward"]["correct"] + 0.5 * r["reward"]["format"])
+    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 1, 2, 2]
+    for s in samples:
+        assert "What is" in s["prompt"] and len(s["turns"]) == 1 and s["turns"][0]["feedback"] is None
+        assert s["reward"] == pytest.approx(s["rewards"]["correct"] + 0.5 * s["rewards"]["format"])
+    evals = [json.loads(x) for x in (out / "eval_samples.jsonl").read_text().splitlines()]
+    assert [e["label"] for e in evals] == ["before"] * 4 + ["after"] * 4 and [e["seed"] for e in evals[:4]] == [0, 1, 2, 3]
+    assert set(summary["eval_after_detail"]["rewards"]) == {"correct", "format"}

@@ -1,0 +1,83 @@
+"""`python -m grpo.eval`: the figures by hand, and on a real run's folder the trainer's own evals, episode for
+episode (the maze warm start, a tiny Qwen3-VL: real vLLM, Ray and FSDP)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo.eval import eval_summary, main, resolve
+from rollout.trajectory import RolloutStats, Trajectory
+
+
+def _traj(seed, success, reward):
+    return Trajectory(task_id=f"maze:{seed}", group_id=seed, seed=seed, segments=[], turn_rewards=[reward],
+                      num_turns=1, stop_reason="done", adapter_version=1, success=success,
+                      info={"rewards": {"task": reward}})
+
+
+def test_eval_summary_by_hand_with_pass_at_k():
+    # Two seeds, three samples each: seed 0 solved once, seed 1 never.
+    trajs = [_traj(0, False, 0.0), _traj(0, True, 1.0), _traj(0, False, 0.0)] + [_traj(1, False, 0.5)] * 3
+    stats = RolloutStats(episodes=6, turns=6, generated_tokens=0, prompt_tokens=0, engine_calls=1, wall_s=1.0,
+                         engine_s=1.0, success_rate=1 / 6, mean_reward=2.5 / 6, mean_turns=1.0, parse_errors=0,
+                         stop_reasons={"done": 6})
+    out = eval_summary(trajs, stats, samples=3)
+    assert out["pass_at_3"] == 0.5 and out["solved_seeds"] == [0] and out["samples"] == 3
+    assert out["success_rate"] == 1 / 6 and out["episodes"] == 6 and out["stop_reasons"] == {"done": 6}
+    assert out["rewards"] == {"task": 2.5 / 6}
+    assert "pass_at_1" not in eval_summary(trajs, stats)
+
+
+def test_resolve_names_what_it_needs(tmp_path, tiny_vl):
+    with pytest.raises(FileNotFoundError, match="neither a run folder"):
+        resolve(str(tmp_path))
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "base_model_name_or_path": "x"}))
+    cfg, found, run_dir = resolve(str(adapter), model=str(tiny_vl), overrides=["--env.options", "{size: 7}"])
+    assert (found, run_dir, cfg.lora.rank, cfg.model, cfg.env.options) == (str(adapter), None, 4, str(tiny_vl), {"size": 7})
+    assert main([str(tmp_path / "none")]) == 2
+
+
+def _episodes(path, label=None):
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    return {e["seed"]: [t["reply"] for t in e["turns"]] for e in lines if label is None or e["label"] == label}
+
+
+def _last_json(capsys):
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_eval_reproduces_the_runs_evals_episode_for_episode(tmp_path, capsys):
+    import grpo
+    from examples.maze import maze_config
+
+    # The maze warm start (31% on the 64 eval mazes): some seeds solved, and rewards that differ in a group.
+    out = tmp_path / "run"
+    summary = grpo.Trainer(grpo.RunConfig(
+        model=str(maze_config.WARMSTART), output_dir=str(out), steps=1, tasks_per_step=2,
+        env={"name": "maze", "options": dict(maze_config.ENV_OPTIONS, progress_reward=0.1)},
+        algorithm={"group_size": 4}, lora={"rank": 8, "alpha": 16.0},
+        train={"lr": 2e-2, "micro_batch_size": 64, "temperature": 0.7},
+        rollout={"temperature": 0.7, "max_tokens_per_turn": maze_config.MAX_TOKENS_PER_TURN,
+                 "history": maze_config.HISTORY, "max_model_len": 1024},
+        eval={"seeds": "0-7"}, cluster={"train_ranks": 1}, metrics={"tensorboard": False, "plots": False})).fit()
+    printed = capsys.readouterr().out
+    assert "greedy success, 8 eval seeds, after training" in printed and str(out.resolve()) in printed
+
+    assert main([str(out)]) == 0
+    after = _last_json(capsys)
+    assert Path(after["adapter"]).resolve() == Path(summary["adapter_path"]).resolve()
+    for key in ("success_rate", "mean_reward", "mean_turns", "stop_reasons", "episodes", "solved_seeds"):
+        assert after[key] == summary["eval_after_detail"][key], key
+    trained = _episodes(out / "eval" / "v000002.jsonl")
+    assert trained == _episodes(out / "eval_samples.jsonl", "after") and len(trained) == 8
+
+    assert main([str(out), "--base"]) == 0
+    base = _last_json(capsys)
+    assert base["adapter"] is None and base["success_rate"] == summary["eval_before"]
+    untrained = _episodes(out / "eval" / "base.jsonl")
+    assert untrained == _episodes(out / "eval_samples.jsonl", "before")
+    # The adapters differ in what they reply: the eval serves the one it names.
+    assert untrained != trained
