@@ -5,7 +5,6 @@ from envs.registry import RegistryError, factories, make, register, registered
 
 register("maze", "envs.maze:MazeEnv")
 register("dataset", "envs.dataset:DatasetEnv")
-register("dataset", "envs.dataset:DatasetEnv")
 
 __all__ = ["Env", "Observation", "StepResult", "ContractError", "EnvError", "check_env", "check_observation",
            "check_step_result", "RegistryError", "factories", "make", "register", "registered"]
