@@ -206,7 +206,7 @@ def test_broken_reset_fails_in_the_driver_before_ray_starts(tiny_text, tmp_path)
     from grpo.trainer import Trainer
 
     config = RunConfig(model=str(tiny_text), output_dir=str(tmp_path / "run"), steps=1,
-                       env={"tag": "scripted", "options": {"tag": "driver", "fault": "str", "at": 0,
+                       env={"name": "scripted", "options": {"tag": "driver", "fault": "str", "at": 0,
                                                             "bad_seed": 1_000_000}})
     with pytest.raises(EnvError, match=r"^environment 'scripted', seed 1000000, turn 0 \(reset\): reset must "
                                        r"return envs.Observation, got str"):
