@@ -12,7 +12,7 @@ import errno
 import os
 import secrets
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from typing import Iterable, Union
 
 Buffer = Union[bytes, bytearray, memoryview]
@@ -41,38 +41,59 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-_SLICE = 1 << 20  # hashed and written in slices: hashing trails the write by one slice
+_SLICE = 1 << 20  # hashed right before it is written, while it is still in cache
+# From this size on a second thread hashes while this one writes and fsyncs (hashlib and os.write both
+# release the GIL); below it, handing the work over costs more than it saves on a busy machine.
+_THREAD_HASH_BYTES = 16 << 20
+
+
+def fsync_file(path: str) -> None:
+    """Make a file's data durable (written earlier without fsync)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_new_file(path: str, data: Buffer | Iterable[Buffer], digest=None, *, durable: bool = True) -> None:
     """Create path (it must not exist) with data, fsynced unless durable=False; the caller makes its name durable.
 
     data: bytes, or buffers written one after another (a header and tensors' memory, never joined into one
-    copy). digest: a hashlib object fed every byte, in order, by a second thread while this one writes
-    and fsyncs (hashlib and os.write both release the GIL): hashing costs little wall time on top of the
-    write. The buffers must stay unchanged until this returns.
+    copy). digest: a hashlib object fed every byte in order while the file is written, so the file is
+    hashed in the same pass. The buffers must stay unchanged until this returns.
     """
+    views = [memoryview(chunk).cast("B") for chunk in ([data] if isinstance(data, (bytes, bytearray, memoryview))
+                                                       else data)]
+    hasher, failed = None, []
+    if digest is not None and sum(v.nbytes for v in views) >= _THREAD_HASH_BYTES:
+        hasher = threading.Thread(target=_hash_all, args=(digest, views, failed), name="sha256", daemon=True)
+        hasher.start()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    # One worker runs the updates in submission order, which is the file's byte order.
-    hasher = ThreadPoolExecutor(1, thread_name_prefix="sha256") if digest is not None else None
     try:
-        hashed = []
-        for chunk in ([data] if isinstance(data, (bytes, bytearray, memoryview)) else data):
-            view = memoryview(chunk).cast("B")
+        for view in views:
             for start in range(0, len(view), _SLICE):
                 piece = view[start:start + _SLICE]
-                if hasher is not None:
-                    hashed.append(hasher.submit(digest.update, piece))
+                if digest is not None and hasher is None:
+                    digest.update(piece)
                 while piece:
                     piece = piece[os.write(fd, piece):]
         if durable:
             os.fsync(fd)
-        for update in hashed:
-            update.result()
     finally:
         if hasher is not None:
-            hasher.shutdown(wait=True, cancel_futures=True)
+            hasher.join()
         os.close(fd)
+    if failed:
+        raise failed[0]
+
+
+def _hash_all(digest, views: list[memoryview], failed: list) -> None:
+    try:
+        for view in views:
+            digest.update(view)
+    except BaseException as e:  # re-raised by the writing thread
+        failed.append(e)
 
 
 def atomic_write(path: str, data: bytes, *, durable: bool = True) -> None:

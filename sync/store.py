@@ -11,10 +11,17 @@ Layout under the root (DESIGN.md, "Adapter store"):
       .tmp-*                        work in progress, or what a killed process left; never a version
 
 The manifest is the commit point: a version exists when the manifest names it. A version folder appears
-only by renaming a complete, fsynced temporary folder, and the manifest is replaced by rename after that,
-so a reader that goes through the manifest never sees a half-written version, wherever a writer is killed.
+only by renaming a complete temporary folder, and the manifest is replaced by rename after that, so a
+reader that goes through the manifest never sees a half-written version, wherever a writer is killed.
 A folder the manifest does not name (the writer was killed between the two renames) is invisible to
 readers and removed by the next publish.
+
+Durability (a machine that loses power) is made in the background: publish returns once the version is
+visible, and a writer thread fsyncs its files, the folder, the manifest and the directory; the next
+publish on the same root waits for it. So every version but the newest is durable before the next one is
+written. A newest version torn by a power cut fails its sha256 (taken from the bytes as they were
+written) and readers walk back to the one before it (latest_verified()); republishing it from a
+checkpoint rewrites it.
 
 One writer per root (trainer rank 0); any number of readers on any node that shares the path.
 """
@@ -30,6 +37,7 @@ import operator
 import os
 import re
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple
@@ -40,6 +48,7 @@ import torch
 from .atomic import (
     atomic_write,
     fsync_dir,
+    fsync_file,
     remove_temp_entries,
     remove_tree,
     temp_name,
@@ -102,6 +111,17 @@ class AdapterVersion:
         return os.path.basename(self.path)
 
 
+@dataclass
+class _Pending:
+    thread: threading.Thread | None = None
+    error: BaseException | None = None
+
+
+# adapters folder -> the background fsyncs of its last published version. Per process, not per
+# AdapterStore: trainers make a new AdapterStore per publish.
+_PENDING: dict[str, _Pending] = {}
+
+
 class _Manifest(NamedTuple):
     latest: int | None
     versions: dict[int, dict[str, Any]]  # version -> {"created": float, "sha256": {file: digest}}
@@ -145,6 +165,7 @@ class AdapterStore:
         # The tensors' own memory, never one serialised copy: each file is hashed while it is written.
         files = {ADAPTER_FILE: _safetensors_buffers(tensors), CONFIG_FILE: [_serialize_config(config)]}
 
+        self.wait_durable()
         self._make_dirs()
         leftovers = remove_temp_entries(self.adapters_dir)
         if leftovers:
@@ -157,27 +178,55 @@ class AdapterStore:
 
         folder = self._version_dir(version)
         if os.path.lexists(folder):
-            # Never named by the manifest (checked above), so no reader can hold it.
+            # Not named by the manifest, or named with these very digests but torn (_already_published):
+            # no reader can be serving it.
             remove_tree(folder)
         tmp = os.path.join(self.adapters_dir, temp_name(os.path.basename(folder)))
         os.mkdir(tmp)
         digests = {}
         for name, buffers in files.items():
             digest = hashlib.sha256()
-            write_new_file(os.path.join(tmp, name), buffers, digest)
+            write_new_file(os.path.join(tmp, name), buffers, digest, durable=False)
             digests[name] = digest.hexdigest()
-        fsync_dir(tmp)
         os.rename(tmp, folder)
-        fsync_dir(self.adapters_dir)
 
         versions = {**manifest.versions, version: {"created": time.time(), "sha256": digests}}
         keep = set(sorted(versions)[-self.keep_last:]) | self._leased_versions()
         kept = {v: e for v, e in versions.items() if v in keep}
-        self._write_manifest(_Manifest(version, kept))
+        self._write_manifest(_Manifest(version, kept), durable=False)
+        pending = _Pending()
+        pending.thread = threading.Thread(target=self._make_durable, args=(folder, pending), daemon=False,
+                                          name=f"adapter-store-durable-v{version}")
+        _PENDING[self.adapters_dir] = pending
+        pending.thread.start()
+        # Collected now, before the manifest that drops them is durable: should a power cut bring back the
+        # previous manifest, readers walk back past its missing versions (latest_verified()).
         self._remove_unreferenced(set(kept))
         size = sum(memoryview(b).nbytes for b in files[ADAPTER_FILE])
         logger.info("published adapter version %d in %s (%.1f MB)", version, folder, size / 2**20)
         return version
+
+    def wait_durable(self) -> None:
+        """Wait until the last version published on this root (by any AdapterStore of this process) is
+        fsynced; raises AdapterStoreError if that failed. publish() calls it first."""
+        pending = _PENDING.pop(self.adapters_dir, None)
+        if pending is None:
+            return
+        pending.thread.join()
+        if pending.error is not None:
+            raise AdapterStoreError(
+                f"making the last adapter version in {self.adapters_dir} durable failed ({pending.error!r}): "
+                f"check the storage, then publish again") from pending.error
+
+    def _make_durable(self, folder: str, pending: "_Pending") -> None:
+        try:
+            for name in (ADAPTER_FILE, CONFIG_FILE):
+                fsync_file(os.path.join(folder, name))
+            fsync_dir(folder)
+            fsync_file(self.manifest_path)  # only this writer replaces it, and not before this thread ends
+            fsync_dir(self.adapters_dir)
+        except BaseException as e:  # raised by the next publish (wait_durable)
+            pending.error = e
 
     def _already_published(self, version: int, manifest: _Manifest, files: dict[str, list]) -> bool:
         free = max([manifest.latest or 0, *self._folder_versions()]) + 1
@@ -187,6 +236,15 @@ class AdapterStore:
             recorded = manifest.versions[version]["sha256"]
             digests = {name: _sha256_buffers(buffers) for name, buffers in files.items()}
             if recorded == digests:
+                info = self._describe(manifest, version)
+                try:
+                    for name, expected in recorded.items():
+                        self._check_digest(info, name, expected, _sha256_file(self._file(info, name)))
+                except (AdapterCorruptError, FileNotFoundError) as e:
+                    # Torn by a power cut before it was durable: written again, same number, same bytes.
+                    logger.warning("adapter version %d is in the manifest but its files do not verify (%s): "
+                                   "writing it again", version, e)
+                    return False
                 logger.info("adapter version %d is already published with identical files", version)
                 return True
             differ = "; ".join(f"{name}: sha256 {recorded.get(name)} there, {digest} now"
@@ -200,13 +258,13 @@ class AdapterStore:
                 f"{self.adapters_dir}, and versions only increase. {fix}")
         return False
 
-    def _write_manifest(self, manifest: _Manifest) -> None:
+    def _write_manifest(self, manifest: _Manifest, durable: bool = True) -> None:
         document = {
             "format": _MANIFEST_FORMAT,
             "latest": manifest.latest,
             "versions": {_version_name(v): entry for v, entry in sorted(manifest.versions.items())},
         }
-        atomic_write(self.manifest_path, (json.dumps(document, indent=2) + "\n").encode())
+        atomic_write(self.manifest_path, (json.dumps(document, indent=2) + "\n").encode(), durable=durable)
 
     def _remove_unreferenced(self, kept: set[int]) -> None:
         # Leases are read again after the manifest that drops a version has landed: a reader leases before

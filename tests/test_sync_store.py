@@ -385,3 +385,19 @@ def test_streamed_file_is_plain_safetensors_and_verify_hashes_once(tmp_path, mon
     with pytest.raises(AdapterCorruptError):
         store.verify(1)
     assert hashed.count(str(weights)) == 3 and len(hashed) == 5
+
+
+def test_republishing_a_torn_version_rewrites_it(tmp_path):
+    # A power cut before the background fsync can leave the newest version's file torn while the manifest
+    # names it; the trainer resuming from its checkpoint republishes the same number with the same bytes.
+    store = AdapterStore(tmp_path)
+    store.publish(lora(1), CONFIG)
+    assert store.publish(lora(2), CONFIG) == 2
+    store.wait_durable()
+    weights = tmp_path / "adapters" / "v000002" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(AdapterCorruptError):
+        store.verify(2)
+    assert store.publish(lora(2), CONFIG, version=2) == 2
+    assert_same_tensors(store.load(store.verify(2).version)[0], lora(2))
+    assert store.publish(lora(2), CONFIG, version=2) == 2  # intact now: a no-op
