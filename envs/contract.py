@@ -38,25 +38,26 @@ class EnvError(RuntimeError):
         return type(self), (self.env, self.seed, self.turn, self.method, self.problem, self.traceback_text, self.note)
 
 
-def check_observation(obs: Any, where: str = "reset") -> Observation:
+def check_observation(obs: Any, method: str = "reset") -> Observation:
     """`obs` if it is an envs.Observation with str text and a list of PIL images, else a ContractError.
-    `where` names what produced it in the message: "reset", or "StepResult.observation"."""
+    `method` is what produced it: "reset", or "step" (in its StepResult)."""
+    name = "Observation" if method == "reset" else "StepResult.observation"
     if not isinstance(obs, Observation):
-        verb = "must return" if where == "reset" else "must be"
         hint = " (wrap the text: envs.Observation(text=...))" if isinstance(obs, str) else ""
-        raise ContractError(f"{where} {verb} envs.Observation, got {_show(obs)}{hint}")
-    name = "Observation" if where == "reset" else where
+        if method == "reset":
+            raise ContractError(f"reset must return envs.Observation, got {_show(obs)}{hint}")
+        raise ContractError(f"{method} returned {name} of type {_show(obs)}: it must be an envs.Observation{hint}")
     if not isinstance(obs.text, str):
-        raise ContractError(f"{where} returned {name}.text of type {_show(obs.text)}: it must be a str")
+        raise ContractError(f"{method} returned {name}.text of type {_show(obs.text)}: it must be a str")
     if not isinstance(obs.images, (list, tuple)):
-        raise ContractError(f"{where} returned {name}.images of type {_show(obs.images)}: it must be a list of "
+        raise ContractError(f"{method} returned {name}.images of type {_show(obs.images)}: it must be a list of "
                             "PIL images (empty for none)")
     if obs.images:
         from PIL.Image import Image
 
         for i, img in enumerate(obs.images):
             if not isinstance(img, Image):
-                raise ContractError(f"{where} returned {name}.images[{i}] of type {_show(img)}: each image must "
+                raise ContractError(f"{method} returned {name}.images[{i}] of type {_show(img)}: each image must "
                                     "be a PIL.Image.Image (PIL.Image.fromarray converts an array)")
     return obs
 
@@ -79,7 +80,7 @@ def check_step_result(result: Any) -> StepResult:
     if result.info is not None and not isinstance(result.info, dict):
         raise ContractError(f"step returned StepResult.info of type {_show(result.info)}: it must be a dict")
     if not result.done:
-        check_observation(result.observation, "StepResult.observation")
+        check_observation(result.observation, "step")
     return result
 
 

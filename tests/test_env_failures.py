@@ -76,8 +76,10 @@ def test_reset_results_are_named_precisely():
         check_observation(Observation(text=b"hi"), "reset")
     with pytest.raises(ContractError, match=r"Observation.images\[0\] of type ndarray .*PIL.Image.Image"):
         check_observation(Observation(text="hi", images=[np.zeros((2, 2))]), "reset")
-    with pytest.raises(ContractError, match=r"StepResult.observation must be envs.Observation, got NoneType None"):
-        check_observation(None, "StepResult.observation")
+    with pytest.raises(ContractError, match=r"^step returned StepResult.observation of type NoneType None: it must"):
+        check_observation(None, "step")
+    with pytest.raises(ContractError, match=r"^step returned StepResult.observation.text of type int 3: it must"):
+        check_observation(Observation(text=3), "step")
 
 
 @pytest.mark.parametrize("result,message", [
@@ -88,7 +90,8 @@ def test_reset_results_are_named_precisely():
     (StepResult(Observation("x"), None, True), r"StepResult.reward of type NoneType None"),
     (StepResult(Observation("x"), 1.0, 1), r"StepResult.done of type int 1: it must be True or False"),
     (StepResult(Observation("x"), 1.0, True, ["ok"]), r"StepResult.info of type list \['ok'\]: it must be a dict"),
-    (StepResult("next", 0.0, False), r"StepResult.observation must be envs.Observation, got str 'next'"),
+    (StepResult("next", 0.0, False), r"StepResult.observation of type str 'next': it must be an envs.Observation "
+                                     r"\(wrap the text"),
 ])
 def test_bad_step_results_name_the_field_type_and_value(result, message):
     with pytest.raises(ContractError, match=message):
