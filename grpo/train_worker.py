@@ -85,8 +85,10 @@ class TrainWorker:
         self.rank, self.world_size = rank, world_size
         self.device = dist.device()
         if self.device.type == "cpu":
-            # One OpenMP thread per rank: more threads than cores per process thrash (DESIGN.md).
-            threads = cpu_threads if cpu_threads is not None else (1 if world_size > 1 else None)
+            # One OpenMP thread per rank: more threads than cores per process thrash (DESIGN.md). A single
+            # rank takes every core: Ray starts a 1-CPU actor with one thread, and the rollout engine idles
+            # while the trainer runs.
+            threads = cpu_threads if cpu_threads is not None else (1 if world_size > 1 else os.cpu_count() or 1)
             if threads is not None:
                 torch.set_num_threads(threads)
         dtype_name = runtime.default_dtype() if dtype == "auto" else dtype
