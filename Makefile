@@ -37,16 +37,17 @@ doctor: install
 	$(PYTHON) -m grpo.doctor
 
 # Every benchmark in full mode, each writing benchmarks/results/NAME.json with the machine; then the README's
-# table is regenerated from those files. step.py and env_latency.py run when they exist.
-BENCHMARKS := rollout update sync scaling step env_latency
+# table is regenerated from those files (a failed benchmark keeps its previous file, and make fails at the end).
+BENCHMARKS := rollout update sync scaling step env_latency dtype
 bench: install
-	@for b in $(BENCHMARKS); do \
+	@failed=""; for b in $(BENCHMARKS); do \
 	  [ -f benchmarks/$$b.py ] || continue; \
 	  start=$$(date +%s); echo "== benchmarks/$$b.py (load $$(cut -d' ' -f1 /proc/loadavg))"; \
-	  $(PYTHON) benchmarks/$$b.py || exit $$?; \
-	  echo "== benchmarks/$$b.py: $$(( $$(date +%s) - start )) s"; \
-	done
-	$(PYTHON) benchmarks/table.py --write-readme
+	  $(PYTHON) benchmarks/$$b.py || failed="$$failed $$b"; \
+	  echo "== benchmarks/$$b.py: $$(( $$(date +%s) - start )) s (load $$(cut -d' ' -f1 /proc/loadavg))"; \
+	done; \
+	$(PYTHON) benchmarks/table.py --write-readme; \
+	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

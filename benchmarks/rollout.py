@@ -6,14 +6,14 @@ The worker runs maze episodes (all live episodes in one engine call per turn); e
 recorded, then replayed through the same vLLM engine with nothing else around it: same prompt ids, same
 images, same adapter, and as many tokens per request as the worker got (ignore_eos, so the budgets match).
 Both sides alternate, best-of-N each, in one process: `ratio` = worker / raw is the bookkeeping overhead.
-The last line printed is one JSON object; it is also written to benchmarks/results/rollout[-quick].json.
+The last line printed is one JSON object; it is also written, with the machine, to
+benchmarks/results/rollout.json (rollout-quick.json with --quick).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -35,6 +35,11 @@ def main(argv=None) -> dict:
     run_dir = Path(a.run_dir).resolve()
     runtime.configure(run_dir)
     import torch
+
+    from benchmarks._machine import machine_info, write_result
+
+    # Before vLLM starts: in-process, it binds this process's OpenMP threads for itself.
+    machine = machine_info()
 
     from grpo import forward, lora, tiny_models
     from rollout.engine import EngineConfig, vllm_prompts
@@ -125,12 +130,17 @@ def main(argv=None) -> dict:
         "worker_runs": [round(x, 1) for x in worker_runs], "raw_runs": [round(x, 1) for x in raw_runs],
         "raw_without_token_ban_tokens_per_s": round(max(unbanned_runs), 1),
         "logprob_max_abs_diff": max(diffs),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "device": runtime.device(),
-                    "load_average": round(os.getloadavg()[0], 2)},
+        "device": runtime.device(),
+        # Other processes on the machine at the end of the run (1-minute load average).
+        "load_average": round(os.getloadavg()[0], 2),
     }
-    out = ROOT / "benchmarks" / "results" / "rollout.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    result["headline"] = [
+        {"figure": f"rollout tokens/s, multi-turn worker ({stats.episodes} maze episodes, tiny Qwen3-VL, LoRA r8)",
+         "value": result["worker_tokens_per_s"], "unit": "tokens/s", "baseline": result["raw_tokens_per_s"],
+         "baseline_name": "LLM.generate replaying its calls", "ratio": result["ratio"]},
+        {"figure": "trainer-vs-vLLM logprob max abs diff (rollout)", "value": result["logprob_max_abs_diff"]},
+    ]
+    write_result("rollout-quick" if a.quick else "rollout", result, machine)
     print(json.dumps(result))
     return result
 

@@ -47,9 +47,12 @@ def machine_cell(machine: dict | None) -> str:
     gpu = machine.get("gpu")
     if gpu:
         return f"{gpu['name']}"
-    cpu = machine.get("cpu", {})
+    cpu = machine.get("cpu")
+    # A result that wrote its own machine block may name the CPU as a plain string.
+    cpu = cpu if isinstance(cpu, dict) else {"model": cpu or "?", "cores": machine.get("cpus", "?")}
     isa = next((ISA_SHORT[f] for f in ISA_SHORT if f in cpu.get("isa", [])), "")
     load = machine.get("load_average") or ["?"]
+    load = load if isinstance(load, list) else [load]
     parts = [cpu.get("model", "?")] + ([isa] if isa else []) + [f"{cpu.get('cores', '?')} cores", f"load {load[0]}"]
     return ", ".join(str(p) for p in parts)
 

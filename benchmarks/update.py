@@ -10,7 +10,8 @@ Measured in one run, on the same batch:
   matmul on the same cores.
 The contenders take turns, step by step, while the others idle, and each reports its best step (the
 machine is shared: the best is the least disturbed; the JSON records the load average around the run).
-The last line printed is one JSON object, also written to benchmarks/results/update.json.
+The last line printed is one JSON object, also written to benchmarks/results/update.json (update-quick.json
+with --quick) with the machine (benchmarks/_machine.py).
 """
 from __future__ import annotations
 
@@ -197,8 +198,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--kind", choices=("vl", "text"), default="vl")
     ap.add_argument("--preset", default="bench", help="a grpo.tiny_models preset")
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "update.json"))
+    ap.add_argument("--out", help="the result file (default: benchmarks/results/update.json, update-quick.json "
+                                  "with --quick)")
     a = ap.parse_args(argv)
+    from benchmarks._machine import machine_info, peaks, write_result
     from grpo import forward, tiny_models
 
     mode = "quick" if a.quick else "full"
@@ -227,6 +230,9 @@ def main(argv=None) -> dict:
                 single[threads].append(time.perf_counter() - t)
             fsdp_times.append(ranks.step())
         peak = max(matmul_peak(t) for t in (1, 2))
+        torch.set_num_threads(2)
+        machine = machine_info(peak=False)
+        machine["matmul_peak"] = {"device": "cpu", **peaks()}
         load_after = os.getloadavg()[0]
     finally:
         ranks.close()
@@ -256,9 +262,15 @@ def main(argv=None) -> dict:
         # Other processes on the machine during the run (1-minute load average; 2 cores here).
         "load_average": [round(load_before, 2), round(load_after, 2)],
     }
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    result["headline"] = [
+        {"figure": f"update tokens/s, FSDP2 on 2 ranks (bench Qwen3-VL, {params / 1e6:.1f}M params, LoRA r{LORA_RANK})",
+         "value": result["fsdp_tokens_per_s"], "unit": "tokens/s", "baseline": result["single_tokens_per_s"],
+         "baseline_name": "plain torch + peft loop", "ratio": result["ratio"]},
+        {"figure": "update MFU (FSDP2 step vs fp32 matmul peak)", "value": result["mfu_vs_matmul_peak"],
+         "baseline_name": f"peak {peak / 1e9:.0f} GFLOP/s"},
+    ]
+    out = Path(a.out or ROOT / "benchmarks" / "results" / ("update-quick.json" if a.quick else "update.json"))
+    write_result(out.stem, result, machine, out.parent)
     print(json.dumps(result))
     return result
 
