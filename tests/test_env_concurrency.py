@@ -100,9 +100,11 @@ def test_fewer_threads_than_episodes_pin_each_env_to_one_thread(worker):
 def test_concurrency_changes_no_trajectory(worker):
     serial, _ = _rollout(worker, "serial", env_workers=1, greedy=True)
     pooled, _ = _rollout(worker, "pooled", env_workers=8, greedy=True)
-    key = lambda trajs: [(t.seed, t.group_id, t.actions, t.turn_rewards, [s.token_ids for s in t.segments])  # noqa: E731
-                         for t in trajs]
-    assert key(serial) == key(pooled)
+    assert _summary(serial) == _summary(pooled)
+
+
+def _summary(trajs) -> list:
+    return [(t.seed, t.group_id, t.actions, t.turn_rewards, [s.token_ids for s in t.segments]) for t in trajs]
 
 
 def test_rollout_alone_does_not_import_grpo():
