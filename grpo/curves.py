@@ -10,7 +10,7 @@ from pathlib import Path
 
 from grpo.metrics import read_metrics
 
-# (title, keys drawn together, how): "lines" shares one axis, "stack" stacks the parts of a whole, "log" is a
+# (title, keys drawn together, how): "lines" shares one axis, "stack" stacks the parts of a whole as bars, "log" is a
 # log axis for small positive numbers (the mismatch: 3e-10 of noise must not look like a spike).
 PANELS = (
     ("success rate (rollout: sampled, eval: greedy)", ("rollout/success_rate", "eval/success_rate"), "lines"),
@@ -83,9 +83,13 @@ def figure(series: dict):
     fig, axes = plt.subplots(len(shown), 1, figsize=(7, 2.3 * len(shown)), squeeze=False, sharex=True)
     for ax, (title, got, how) in zip(axes[:, 0], shown):
         if how == "stack":
+            # Stacked bars: one per step (an area would vanish for a one-step run).
             steps = sorted({s for pts in got.values() for s, _ in pts})
-            parts = [[dict(pts).get(s, 0.0) for s in steps] for pts in got.values()]
-            ax.stackplot(steps, parts, labels=[k.split("/")[-1] for k in got], alpha=0.8)
+            bottom = [0.0] * len(steps)
+            for k, pts in got.items():
+                part = [dict(pts).get(s, 0.0) for s in steps]
+                ax.bar(steps, part, bottom=bottom, width=0.6, label=k.split("/")[-1])
+                bottom = [b + p for b, p in zip(bottom, part)]
         else:
             for k, pts in got.items():
                 xs, ys = zip(*pts)
