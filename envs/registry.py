@@ -44,7 +44,7 @@ def factories() -> dict[str, Factory]:
     return dict(_factories)
 
 
-def make(name: str, **options: Any) -> Env:
+def make(name: str, /, **options: Any) -> Env:
     """Build environment `name` with `options`; errors name the problem and list what is accepted."""
     if name not in _factories:
         close = difflib.get_close_matches(str(name), _factories, n=1)

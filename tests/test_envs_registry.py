@@ -67,6 +67,11 @@ def test_factory_taking_any_options_gets_them_all():
     assert envs.make("anything", n=5, ignored=True).reset(0).text == "5"
 
 
+def test_an_option_called_name_reaches_the_env():
+    envs.register("named", lambda **options: Countdown(start=len(options["name"])), overwrite=True)
+    assert envs.make("named", name="abc").reset(0).text == "3"
+
+
 def test_registering_a_name_twice_needs_overwrite():
     envs.register("countdown", Countdown)
     envs.register("countdown", Countdown)  # the same factory again is harmless (a re-run script)
