@@ -46,7 +46,7 @@ def main(argv=None) -> dict:
     from rollout.worker import RolloutConfig, RolloutWorker, Task
     from sync import AdapterStore
 
-    tasks_n, group, max_turns, repeats = (8, 4, 8, 2) if a.quick else (16, 8, 30, 3)
+    tasks_n, group, max_turns, repeats = (8, 4, 8, 2) if a.quick else (8, 8, 10, 2)
     repeats = a.repeats or repeats
     model_path = a.model or str(tiny_models.build("vl", run_dir / "models" / "tiny-vl", seed=0))
     store = AdapterStore(run_dir / "store", keep_last=1)
