@@ -181,8 +181,9 @@ def _saved_dataset(path: Path, split: str | None):
     try:
         import datasets
     except ImportError:
-        raise ImportError(f"{path} is a folder, read as a Hugging Face dataset saved with save_to_disk, which needs "
-                          "the `datasets` package: `pip install datasets` (or give the rows as a .jsonl file)") from None
+        raise ImportError(f"{path} is a folder, read as a Hugging Face dataset saved with save_to_disk, which "
+                          "needs the `datasets` package: `pip install datasets` (or give the rows as a .jsonl file)"
+                          ) from None
     ds = datasets.load_from_disk(str(path))
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:

@@ -37,8 +37,9 @@ def flatten(record: dict, prefix: str = "") -> dict[str, float]:
 def curve_series(records: list[dict], keys=CURVES, start: dict | None = None,
                  end: dict | None = None) -> dict[str, list[tuple[int, float]]]:
     """(step, value) points per key, in `keys` order, with every `reward/<name>` component right after
-    rollout/mean_reward when that is drawn. `start` gives step-0 values (the eval before training, which no step record holds);
-    `end` gives values at the last step (the eval after training), replacing a point already at that step."""
+    rollout/mean_reward when that is drawn. `start` gives step-0 values (the eval before training, which no
+    step record holds); `end` gives values at the last step (the eval after training), replacing a point
+    already at that step."""
     flat = [flatten(r) for r in records]
     components = sorted({k for f in flat for k in f if k.startswith("reward/")})
     keys = list(keys)

@@ -8,8 +8,8 @@
 A run folder brings everything from its config.yaml (env and options, rollout settings, engine settings,
 seed), so the numbers equal the trainer's own evals on the same seeds: the same in-process rollout worker
 with greedy decoding, one episode per seed. Prints a short table, then one JSON object as the last line;
-writes every episode, decoded, to a JSONL file (RUN/eval/<adapter>.jsonl, or --out). Extra arguments
-override the config as for grpo.train (`--rollout.max_tokens_per_turn 16`).
+writes every episode, decoded, to a JSONL file (RUN/eval/<adapter>[-seeds..][-samples..].jsonl, or --out).
+Extra arguments override the config as for grpo.train (`--rollout.max_tokens_per_turn 16`).
 """
 from __future__ import annotations
 
@@ -195,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grpo.eval: {e}", file=sys.stderr)
         return 2
     tag = "base" if adapter is None else Path(adapter).name
+    # One file per question asked: another seed set or sampling does not overwrite the greedy eval's file.
+    if args.seeds:
+        tag += f"-seeds{args.seeds.replace(',', '_')}"
+    if args.samples > 1:
+        tag += f"-samples{args.samples}"
     home = run_dir if run_dir is not None else Path.cwd()
     out = Path(args.out) if args.out else home / "eval" / f"{tag}.jsonl"
     result = evaluate(cfg, adapter, seeds, args.samples, home, out)

@@ -14,7 +14,8 @@ def summary_rows(summary: dict, run_dir: str | Path | None = None) -> list[tuple
             (f"greedy success, {seeds}, after training", _pct(summary.get("eval_after")))]
     unseen = summary.get("unseen_after_detail")
     if unseen:
-        rows.append((f"greedy success, {unseen['episodes']} unseen seeds, after training", _pct(unseen["success_rate"])))
+        rows.append((f"greedy success, {unseen['episodes']} unseen seeds, after training",
+                     _pct(unseen["success_rate"])))
     if after.get("mean_reward") is not None:
         rows.append(("mean reward after training (eval)", f"{after['mean_reward']:.3f}"))
     if after.get("stop_reasons"):

@@ -154,5 +154,6 @@ def test_grpo_trains_on_an_arithmetic_dataset_with_two_reward_functions(tmp_path
         assert "What is" in s["prompt"] and len(s["turns"]) == 1 and s["turns"][0]["feedback"] is None
         assert s["reward"] == pytest.approx(s["rewards"]["correct"] + 0.5 * s["rewards"]["format"])
     evals = [json.loads(x) for x in (out / "eval_samples.jsonl").read_text().splitlines()]
-    assert [e["label"] for e in evals] == ["before"] * 4 + ["after"] * 4 and [e["seed"] for e in evals[:4]] == [0, 1, 2, 3]
+    assert [e["label"] for e in evals] == ["before"] * 4 + ["after"] * 4
+    assert [e["seed"] for e in evals[:4]] == [0, 1, 2, 3]
     assert set(summary["eval_after_detail"]["rewards"]) == {"correct", "format"}
