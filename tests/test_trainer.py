@@ -1,7 +1,9 @@
 """grpo.Trainer end to end on the tiny Qwen3-VL: real vLLM, real Ray, real FSDP on 2 ranks."""
 import json
+import re
 
 import pytest
+import yaml
 
 import grpo
 from grpo.config import ConfigError
@@ -94,17 +96,23 @@ def test_yaml_overrides_and_dry_run(tmp_path, tiny_vl, capsys):
     assert "clip_low" in capsys.readouterr().err
 
 
+# A user's script, run as a file; with one train rank (every value validation accepts must run).
 _KILLED_RUN = """
+import dataclasses
 import sys
 import grpo
 sys.path.insert(0, {tests!r})
 from test_trainer import _config
-grpo.Trainer(_config({model!r}, {out!r}, steps=50)).fit()
+config = _config({model!r}, {out!r}, steps=50)
+grpo.Trainer(dataclasses.replace(config, cluster={{"train_ranks": 1}})).fit()
 """
 
 
 @pytest.mark.slow
 def test_sigterm_mid_run_shuts_ray_down_and_keeps_the_last_checkpoint_and_adapter(tmp_path, tiny_vl):
+    """SIGTERM to `python train.py` in fit(): exit status 143, one line saying why, the last checkpoint and
+    how to resume; Ray's processes and folder gone. (It was status 1 and silent when the signal came while
+    ray.init ran: Ray's own handlers exit 15 or 1 then.)"""
     import glob
     import os
     import signal
@@ -117,9 +125,12 @@ def test_sigterm_mid_run_shuts_ray_down_and_keeps_the_last_checkpoint_and_adapte
 
     out = tmp_path / "run"
     before = set(glob.glob("/tmp/grpo-ray-*"))
-    code = _KILLED_RUN.format(tests=str(Path(__file__).parent), model=str(tiny_vl), out=str(out))
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[1],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    script = tmp_path / "train.py"
+    script.write_text(_KILLED_RUN.format(tests=str(Path(__file__).parent), model=str(tiny_vl), out=str(out)))
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, str(script)], cwd=Path(__file__).parents[1],
+                                stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.time() + 600
         while not (out / "checkpoints" / "latest.json").is_file():
@@ -137,5 +148,10 @@ def test_sigterm_mid_run_shuts_ray_down_and_keeps_the_last_checkpoint_and_adapte
     assert not any(d in ps for d in run_tmp), "a Ray process of the killed run is still alive"
     latest = json.loads((out / "checkpoints" / "latest.json").read_text())
     assert latest["step"] >= 1
+    last = [line for line in log.read_text().splitlines() if line.startswith("[grpo]")][-1]
+    stopped = re.fullmatch(rf"\[grpo\] stopped by SIGTERM in step (\d+); last checkpoint: step {latest['step']} at "
+                           rf"{re.escape(str(out / 'checkpoints' / latest['dir']))}; run the same command to resume", last)
+    assert stopped and int(stopped[1]) in (latest["step"], latest["step"] + 1), last
+    assert yaml.safe_load((out / "config.yaml").read_text())["cluster"]["train_ranks"] == 1
     served = AdapterStore(str(out / "store")).latest_verified()
     assert served is not None and served.version >= 2  # step 1 published v2; whatever followed verifies too
