@@ -145,6 +145,12 @@ def test_shipped_warmstart_matches_its_log():
     assert mc.ENV_OPTIONS == {k: result["options"][k] for k in mc.ENV_OPTIONS}
     assert 0.30 <= result["eval_success"] <= 0.60
     assert sum(f.stat().st_size for f in WARMSTART.iterdir()) < 10 << 20
+    # The recipe's second run made it, and its greedy failures are navigation: out of turns, few unparseable
+    # replies among their turns.
+    assert {k: result["options"][k] for k in sft.HABIT_STAGE} == sft.HABIT_STAGE
+    failed = 64 - len(chosen["solved"])
+    assert chosen["ended"].get("out_of_turns", 0) >= 0.9 * failed
+    assert chosen["parse_errors"] < 0.05 * failed * mc.MAX_TURNS
 
     torch.set_num_threads(1)
     model, enc = load_model(WARMSTART), sft.Encoder(load_processor(WARMSTART))

@@ -1,8 +1,13 @@
 """The maze warm start: a tiny Qwen3-VL trained from scratch on BFS expert labels, stopped inside a band of
 greedy success on the 64 eval mazes (30-60%), so GRPO has the climb of the seed's result (44% to over 95%).
 
-    python -m examples.maze.sft           # rebuilds examples/maze/warmstart/ (about 26 min on two cores)
-    python -m examples.maze.sft --out /tmp/ws --vision-steps 100 --max-steps 400
+    python -m examples.maze.sft           # rebuilds examples/maze/warmstart/: both runs of the recipe below
+    python -m examples.maze.sft --out /tmp/ws --vision-steps 100 --max-steps 400      # one run, as given
+    python -m examples.maze.sft --out /tmp/ws2 --init /tmp/ws --vision-steps 0 --habit-rate 0.55 ...
+
+The shipped warm start is two runs (build_warmstart): the defaults (about 26 min on two quiet cores), then
+HABIT_STAGE from that checkpoint (125 steps, 28 min on two heavily shared cores): the second run's
+demonstrator has a habit, so the model's greedy failures are navigation, not format (see HABIT_STAGE).
 
 Two phases, both on fresh training mazes (seeds from maze_config.TRAIN_SEED_BASE on, never an eval maze):
 1. The vision tower alone (no language model runs, a step costs a third of a full one) learns dense labels of
