@@ -5,8 +5,10 @@ Hugging Face `generate`, taking turns in one process. The floor under a step's r
 
 Both sides: the 8 digits prompts x 8 samples, up to 32 new tokens, temperature 1, float32, the same model
 with the same rank-16 LoRA adapter (vLLM: merged into its weights as the engine serves it on the CPU, and as
-a LoRA request; HF: the peft model, as TRL's HF mode runs it, and merged). The last line printed is one
-JSON object of medians (the first call of each side is left out: warm-up).
+a LoRA request, and merged without the engine's ban on image markers; HF: the peft model, as TRL's HF mode
+runs it, and merged). The last line printed is one
+JSON object of medians (the first call of each side is left out: warm-up), also written to
+benchmarks/results/generate_vs_hf-PRESET.json.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
     from _single_turn import PROMPTS
     from grpo import forward, lora, tiny_models
     from rollout.conversation import ChatFormat
-    from rollout.engine import Engine, EngineConfig, Request, Sampling
+    from rollout.engine import Engine, EngineConfig, Request, Sampling, vllm_prompts
     from sync import AdapterStore
 
     model_dir = tiny_models.build("text", work / "models" / f"text-{a.preset}", seed=0, preset=a.preset)
@@ -84,7 +86,19 @@ def main(argv: list[str] | None = None) -> dict:
             return sum(len(g.token_ids) for g in engine.generate([Request(p) for p in prompts], sampling))
         return call
 
-    sides = {"vllm_merged": vllm(engines[True]), "vllm_lora": vllm(engines[False]),
+    def vllm_no_ban(engine):
+        # The engine's settings less the image-marker ban (a logits processor on every decode step).
+        params = engine.sampling_params(sampling, logit_bias=None)
+        prompts_v = vllm_prompts([Request(p) for p in prompts])
+
+        def call():
+            engine.adapters.serve(True)
+            outs = engine.llm.generate(prompts_v, params, use_tqdm=False)
+            return sum(len(o.outputs[0].token_ids) for o in outs)
+        return call
+
+    sides = {"vllm_merged": vllm(engines[True]), "vllm_merged_no_ban": vllm_no_ban(engines[True]),
+             "vllm_lora": vllm(engines[False]),
              "hf_peft": hf(peft_model), "hf_merged": hf(merged_hf)}
     times: dict = {k: [] for k in sides}
     tokens: dict = {k: [] for k in sides}
@@ -99,6 +113,9 @@ def main(argv: list[str] | None = None) -> dict:
               "seconds_median": {k: round(statistics.median(v[1:]), 4) for k, v in times.items()},
               "tokens_median": {k: statistics.median(v[1:]) for k, v in tokens.items()},
               "seconds_all": {k: [round(x, 3) for x in v] for k, v in times.items()}}
+    from _machine import write_result
+
+    write_result(f"generate_vs_hf-{a.preset}", result)
     print(json.dumps(result))
     return result
 
