@@ -35,7 +35,7 @@ import torch  # noqa: E402
 MODES = {
     # sequences per batch, tokens per sequence, micro-batch size, timed steps
     "quick": dict(sequences=8, length=384, micro_batch_size=4, steps=3),
-    "full": dict(sequences=16, length=768, micro_batch_size=8, steps=4),
+    "full": dict(sequences=8, length=512, micro_batch_size=8, steps=3),
 }
 LORA_RANK = 32
 
