@@ -165,7 +165,7 @@ def test_past_the_restart_limit_the_run_stops_with_the_last_cause(tmp_path, tiny
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_a_lost_rollout_node_is_replaced_and_the_run_finishes(tmp_path, tiny_vl):
+def test_a_lost_rollout_node_is_replaced_and_the_run_finishes(tmp_path, tiny_vl, monkeypatch):
     """Ray's own multi-node test cluster: head, a train node and a rollout node, each its own raylet. The
     rollout node goes away mid-run; a fresh one joins; the run recovers onto it."""
     import ray
@@ -173,6 +173,9 @@ def test_a_lost_rollout_node_is_replaced_and_the_run_finishes(tmp_path, tiny_vl)
 
     out = tmp_path / "run"
     ray_tmp = tempfile.mkdtemp(prefix="grpo-ray-", dir="/tmp")
+    # Cluster notes its address under Ray's default temp folder ($RAY_TMPDIR/ray): inside ours, not the system's.
+    monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
+    Path(ray_tmp, "ray").mkdir()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "temp_dir": ray_tmp,
                                                             "include_dashboard": False})
     try:
@@ -182,19 +185,25 @@ def test_a_lost_rollout_node_is_replaced_and_the_run_finishes(tmp_path, tiny_vl)
                       cluster={"address": cluster.address, "train_ranks": 2,
                                "rollout_resources": {"rollout_node": 1}, "train_resources": {"train_node": 1}},
                       fault={"call_timeout_s": 120, "start_timeout_s": 300})
-        replaced = {}
+        # The trainer runs in a thread: Ray adds a node only from the main thread (it sets signal handlers).
+        result = {}
 
-        def lose_the_rollout_node():
-            while not (out / "checkpoints" / "latest.json").is_file():  # step 1 done: step 2 is starting
-                time.sleep(0.2)
-            cluster.remove_node(rollout_node)
-            replaced["node"] = cluster.add_node(num_cpus=1, resources={"rollout_node": 1}, temp_dir=ray_tmp)
+        def run():
+            try:
+                result["summary"] = grpo.Trainer(cfg).fit()
+            except BaseException as e:  # re-raised below, in the test's thread
+                result["error"] = e
 
-        chaos = threading.Thread(target=lose_the_rollout_node, daemon=True)
-        chaos.start()
-        grpo.Trainer(cfg).fit()
-        chaos.join(timeout=60)
-        assert "node" in replaced
+        trainer = threading.Thread(target=run, daemon=True)
+        trainer.start()
+        while not (out / "checkpoints" / "latest.json").is_file():  # step 1 done: step 2 is starting
+            assert trainer.is_alive(), result
+            time.sleep(0.2)
+        cluster.remove_node(rollout_node)
+        cluster.add_node(num_cpus=1, resources={"rollout_node": 1}, temp_dir=ray_tmp)
+        trainer.join()
+        if "error" in result:
+            raise result["error"]
         assert not ray.is_initialized()  # the trainer disconnected from the cluster it joined
         events = _check_finished_run(out, 3, ["rollout-0"])
         print(json.dumps({"recovery": [{k: e[k] for k in ("actor", "cause", "detect_s", "recovery_s")} for e in events]}))
