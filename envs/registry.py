@@ -4,7 +4,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
-from typing import Any, Callable, Union
+from typing import Any, Callable, Iterable, Union
 
 from envs.base import Env
 
@@ -39,9 +39,13 @@ def registered() -> list[str]:
     return sorted(_factories)
 
 
-def factories() -> dict[str, Factory]:
-    """Every registration, to hand to another process (a Ray actor does not see this one's `register` calls)."""
-    return dict(_factories)
+def factories(names: Iterable[str] | None = None) -> dict[str, Factory]:
+    """The registrations of `names` (default: all), to hand to another process (a Ray actor does not see this
+    one's `register` calls). Hand over only what the other process needs: a class that another process cannot
+    unpickle (defined in a module it cannot import) must not break a run that never uses it."""
+    if names is None:
+        return dict(_factories)
+    return {n: _factories[n] for n in names if n in _factories}
 
 
 def make(name: str, /, **options: Any) -> Env:

@@ -116,6 +116,10 @@ class ActorFault(Exception):
         self.waited_s = waited_s  # how long the failed call had run when the fault showed (a hang: the deadline)
 
 
+class ActorStartError(RuntimeError):
+    """An actor's constructor raised: a bug or a bad input, which a restart would only repeat."""
+
+
 def gather(calls: Sequence[tuple[str, Any]], timeout_s: float, what: str, grace_s: float = 10.0) -> list:
     """ray.get of the (actor name, object ref) pairs, in order, within `timeout_s` for all of them.
 
@@ -149,6 +153,10 @@ def gather(calls: Sequence[tuple[str, Any]], timeout_s: float, what: str, grace_
                                  time.monotonic() - start) from e
             raise
         except _actor_errors() as e:
+            if getattr(e, "actor_init_failed", False):
+                # Its constructor raised (a model that does not load, an env class a worker cannot import):
+                # fresh actors would raise the same.
+                raise ActorStartError(f"{names[ref]} could not start, not retried: {e}") from e
             raise ActorFault(names[ref], f"{type(e).__name__} during {what}: {_first_line(e)}",
                              time.monotonic() - start) from e
     return [results[ref] for _, ref in calls]

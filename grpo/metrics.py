@@ -153,8 +153,9 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def drop_steps_after(path: Path, step: int) -> int:
-    """Remove the step records past `step` from metrics.jsonl (events stay): a run resumed or recovered from
-    the checkpoint of `step` logs those steps again, one line a step. Returns how many were removed."""
+    """Remove the step records past `step` from a JSONL file of the run (metrics.jsonl, samples.jsonl; events
+    stay): a run resumed or recovered from the checkpoint of `step` logs those steps again, and each step keeps
+    only the lines of its last run. Returns how many were removed."""
     path = Path(path)
     if not path.exists():
         return 0

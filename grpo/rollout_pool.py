@@ -13,7 +13,8 @@ from rollout.worker import RolloutConfig, RolloutWorker, Task
 
 class RolloutPool:
     def __init__(self, engine_config: EngineConfig, store_root: str, run_dir: str, workers: int = 1,
-                 gpus_per_worker: float = 0.0, resources: dict | None = None, call_timeout_s: float = 1800.0):
+                 gpus_per_worker: float = 0.0, resources: dict | None = None, call_timeout_s: float = 1800.0,
+                 env_names: list[str] | None = None):
         import ray
 
         import envs
@@ -26,7 +27,7 @@ class RolloutPool:
         actor = ray.remote(RolloutWorker).options(num_cpus=1, num_gpus=gpus_per_worker, resources=dict(resources or {}),
                                                   runtime_env={"env_vars": env_vars})
         self.workers = [actor.remote(engine_config, store_root=store_root, worker_id=f"rollout-{i}",
-                                     run_dir=run_dir, env_factories=envs.factories())
+                                     run_dir=run_dir, env_factories=envs.factories(env_names))
                         for i in range(workers)]
         self.call_timeout_s = call_timeout_s
 

@@ -33,7 +33,7 @@ from grpo.report import step_warnings, summary_rows, table
 from grpo.samples import SampleWriter, pick, reward_components
 from grpo.config import ConfigError
 from grpo.fault import ActorFault, InjectionPlan
-from grpo.metrics import MetricsSink, drop_steps_after
+from grpo.metrics import MetricsSink, drop_steps_after, json_safe
 from grpo.run_config import RunConfig
 from grpo.run_lock import RunLock
 from rollout import runtime
@@ -223,6 +223,7 @@ class Trainer:
         plan.fired.update(state.pop("faults_fired", ()))
         # The steps after the checkpoint run again: their earlier lines go, one line a step stays.
         drop_steps_after(self.run_dir / "metrics.jsonl", state["step"])
+        drop_steps_after(self.run_dir / "samples.jsonl", state["step"])
         # Always a new version: the store may hold versions published after the checkpoint.
         state["version"] = self.group.publish(self.store_root)
         self.pool.sync_adapter(state["version"])
@@ -302,7 +303,7 @@ class Trainer:
             "restarts": self.sink.event_counts.get("restart", 0),
             **run_summary.mechanism(self.run_dir / "metrics.jsonl", cfg.tasks_per_step, state["eval_before"], after),
         }
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        (self.run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=1, allow_nan=False) + "\n")
         print(table(summary_rows(summary, self.run_dir)), flush=True)
         return summary
 
@@ -355,7 +356,8 @@ class Trainer:
         share = 0.5 if (gpus and c.colocate) else (1.0 if gpus else 0.0)
         engine = engine_config(cfg)
         self.pool = RolloutPool(engine, self.store_root, str(self.run_dir), c.rollout_workers, share,
-                                resources=c.rollout_resources, call_timeout_s=f.call_timeout_s)
+                                resources=c.rollout_resources, call_timeout_s=f.call_timeout_s,
+                                env_names=[cfg.env.name])
         self.group = TrainGroup(cfg.model, c.train_ranks, lora=cfg.lora, algorithm=cfg.algorithm,
                                 train=cfg.train, adapter_path=cfg.adapter, gpus_per_rank=share,
                                 resources=c.train_resources, start_timeout_s=f.start_timeout_s,

@@ -32,11 +32,7 @@ class HotLoader:
         """Make `version` the adapter this engine serves; a no-op if it already is."""
         if self.current is not None and self.current.version == version:
             return self.current
-        path = str(Path(path).resolve())
-        if not (Path(path) / "adapter_config.json").is_file():
-            raise FileNotFoundError(
-                f"adapter version {version} at {path} has no adapter_config.json: publish it with "
-                "sync.AdapterStore.publish before hot-loading")
+        path = checked_adapter_dir(version, path)
         lora_id = next(self._ids)
         loaded = LoadedAdapter(version, f"{self._prefix}-v{version:06d}-{lora_id}", lora_id, path)
         if not self._engine.add_lora(self.request(loaded)):
@@ -56,3 +52,13 @@ class HotLoader:
 
     def loaded_ids(self) -> set[int]:
         return set(self._engine.list_loras())
+
+
+def checked_adapter_dir(version: int, path: str | Path) -> str:
+    """The absolute folder of a published adapter version; refused before vLLM sees a folder without one."""
+    path = str(Path(path).resolve())
+    if not (Path(path) / "adapter_config.json").is_file():
+        raise FileNotFoundError(
+            f"adapter version {version} at {path} has no adapter_config.json: publish it with "
+            "sync.AdapterStore.publish before hot-loading")
+    return path

@@ -15,7 +15,7 @@ import itertools
 import json
 from pathlib import Path
 
-from sync.hotload import LoadedAdapter
+from sync.hotload import LoadedAdapter, checked_adapter_dir
 
 _PEFT_PREFIX = "base_model.model."
 
@@ -34,11 +34,7 @@ class MergedLoader:
         """Make `version` the adapter this engine serves; a no-op if it already is."""
         if self.current is not None and self.current.version == version:
             return self.current
-        path = str(Path(path).resolve())
-        if not (Path(path) / "adapter_config.json").is_file():
-            raise FileNotFoundError(
-                f"adapter version {version} at {path} has no adapter_config.json: publish it with "
-                "sync.AdapterStore.publish before hot-loading")
+        path = checked_adapter_dir(version, path)
         self._llm.collective_rpc(_merge_into_worker, args=(self._model_dir, path))
         self._llm.reset_prefix_cache()
         # The reload empties the runner's encoder cache; the scheduler would still count the old image

@@ -95,3 +95,9 @@ def test_importing_envs_stays_light():
     code = "import sys, envs; print(sorted({'PIL', 'numpy', 'torch'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_factories_hands_over_only_the_names_asked_for():
+    envs.register("other", lambda **options: Countdown(start=1), overwrite=True)
+    assert set(envs.factories(["maze", "not-registered"])) == {"maze"}
+    assert {"maze", "other"} <= set(envs.factories())

@@ -5,13 +5,14 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 import grpo
 from grpo.config import ConfigError
-from grpo.fault import ActorFault, FaultSection, InjectionPlan, parse_fault
+from grpo.fault import ActorFault, ActorStartError, FaultSection, InjectionPlan, parse_fault
 from grpo.metrics import drop_steps_after
 
 
@@ -76,6 +77,10 @@ def test_gather_names_the_dead_and_the_hung_actor_and_lets_a_bug_through(tmp_pat
         def fail(self):
             raise ValueError("a bug, not a fault")
 
+    class _Broken:
+        def __init__(self):
+            raise ImportError("No module named 'user_envs'")
+
     ray_tmp = tempfile.mkdtemp(prefix="grpo-ray-", dir="/tmp")
     ray.init(num_cpus=2, _temp_dir=ray_tmp, include_dashboard=False, log_to_driver=False)
     try:
@@ -83,6 +88,9 @@ def test_gather_names_the_dead_and_the_hung_actor_and_lets_a_bug_through(tmp_pat
         assert gather([("a", a.echo.remote(1)), ("b", b.echo.remote(2))], 60, "echo") == [1, 2]
         with pytest.raises(ValueError, match="a bug"):
             gather([("a", a.fail.remote())], 60, "fail")
+        broken = ray.remote(_Broken).remote()
+        with pytest.raises(ActorStartError, match=r"(?s)c could not start, not retried: .*user_envs"):
+            gather([("c", broken.__ray_ready__.remote())], 60, "start")
         arm(b, parse_fault("hang:rollout@step=1"))
         with pytest.raises(ActorFault, match="no answer to echo within 2 s") as hung:
             gather([("a", a.echo.remote(1)), ("b", b.echo.remote(2))], 2, "echo")
@@ -115,6 +123,9 @@ def _check_finished_run(out: Path, steps: int, restarts: list[str]) -> list[dict
     assert summary["steps"] == steps and summary["restarts"] == len(restarts)
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "event" not in r] == list(range(1, steps + 1))  # one line a step
+    # A replayed step's episodes replace the ones its first run wrote: the same count for every step.
+    sampled = Counter(json.loads(x)["step"] for x in (out / "samples.jsonl").read_text().splitlines())
+    assert sorted(sampled) == list(range(1, steps + 1)) and len(set(sampled.values())) == 1, sampled
     events = [r for r in records if r.get("event") == "restart"]
     assert [e["actor"] for e in events] == restarts
     for e in events:
