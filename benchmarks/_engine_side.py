@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/rollout.py is not the rollout package
 
-from _turns import report, wait_go  # noqa: E402
+from _turns import add_workload_args, report, wait_go  # noqa: E402
 
 
 def run_config(a, checkpoint_every: int = 10 ** 6):
@@ -34,15 +34,8 @@ def run_config(a, checkpoint_every: int = 10 ** 6):
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
+    add_workload_args(ap)
     ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--lora-rank", type=int, default=16)
-    ap.add_argument("--lora-alpha", type=float, default=32.0)
-    ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--micro-batch-size", type=int, default=64)
     ap.add_argument("--train-ranks", type=int, default=1)
     return ap

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/rollout.py is not the rollout package
 
-from _turns import report, wait_go  # noqa: E402
+from _turns import add_workload_args, report, wait_go  # noqa: E402
 
 
 def cpu_vllm_settings() -> None:
@@ -53,16 +53,9 @@ def _reload(worker, weights) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
+    add_workload_args(ap)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--generate", choices=["hf", "vllm"], default="hf")
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--lora-rank", type=int, default=16)
-    ap.add_argument("--lora-alpha", type=float, default=32.0)
-    ap.add_argument("--lr", type=float, default=1e-4)
     a = ap.parse_args(argv)
 
     import torch

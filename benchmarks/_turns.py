@@ -72,3 +72,15 @@ class Contender:
             code = self.proc.wait(60)
         self._log.close()
         return code
+
+
+def add_workload_args(ap) -> None:
+    """The workload flags both contenders take, with one set of defaults, so both sides run the same work."""
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--lora-rank", type=int, default=16)
+    ap.add_argument("--lora-alpha", type=float, default=32.0)
+    ap.add_argument("--lr", type=float, default=1e-4)
