@@ -35,3 +35,15 @@ def tiny_text(session_dir) -> Path:
     from grpo import tiny_models
 
     return tiny_models.build("text", session_dir / "models" / "tiny-text", seed=0)
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_text, session_dir):
+    """An in-process rollout worker on the tiny text model without LoRA, one per test module."""
+    from rollout.engine import EngineConfig
+    from rollout.worker import RolloutWorker
+
+    w = RolloutWorker(EngineConfig(model=str(tiny_text), enable_lora=False, max_model_len=512),
+                      run_dir=str(session_dir))
+    yield w
+    w.shutdown()

@@ -10,8 +10,7 @@ import pytest
 
 import envs
 from envs import Observation, StepResult
-from rollout.engine import EngineConfig
-from rollout.worker import RolloutConfig, RolloutWorker, Task
+from rollout.worker import RolloutConfig, Task
 
 _LOCK = threading.Lock()
 _IN_FLIGHT: Counter = Counter()
@@ -57,14 +56,6 @@ class Gate(envs.Env):
 
 
 envs.register("gate", Gate, overwrite=True)
-
-
-@pytest.fixture(scope="module")
-def worker(tiny_text, session_dir):
-    w = RolloutWorker(EngineConfig(model=str(tiny_text), enable_lora=False, max_model_len=512),
-                      run_dir=str(session_dir))
-    yield w
-    w.shutdown()
 
 
 def _rollout(worker, tag: str, env_workers: int, together: int = 0, greedy: bool = False):

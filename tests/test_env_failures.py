@@ -11,8 +11,7 @@ import pytest
 
 import envs
 from envs import ContractError, EnvError, Observation, StepResult, check_observation, check_step_result
-from rollout.engine import EngineConfig
-from rollout.worker import RolloutConfig, RolloutWorker, Task
+from rollout.worker import RolloutConfig, Task
 
 # Attempts per (tag, seed): reset counts them, so an env can misbehave on its first instances only.
 _ATTEMPTS: Counter = Counter()
@@ -131,14 +130,6 @@ def test_check_env_builds_and_resets_one_seed():
 
 
 # ---------------------------------------------------------------------------- the rollout worker
-@pytest.fixture(scope="module")
-def worker(tiny_text, session_dir):
-    w = RolloutWorker(EngineConfig(model=str(tiny_text), enable_lora=False, max_model_len=512),
-                      run_dir=str(session_dir))
-    yield w
-    w.shutdown()
-
-
 def _config(**kw) -> RolloutConfig:
     return RolloutConfig(max_tokens_per_turn=4, **{"env_retries": 1, **kw})
 
