@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import time
 from importlib import metadata
 from pathlib import Path
@@ -123,3 +124,13 @@ def write_result(name: str, result: dict, machine: dict | None = None, results_d
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path
+
+
+def fresh_run_dir(path: str | Path) -> Path:
+    """An empty run folder: a training run resumes from a checkpoint it finds, so a benchmark that timed
+    steps in a folder left by an earlier run would time none (or fewer) of them."""
+    path = Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+

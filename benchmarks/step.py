@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/rollout.py is not the rollout package
 
+from _machine import fresh_run_dir  # noqa: E402
 from rollout import runtime  # noqa: E402
 
 MODES = {"quick": {"single_turn": 4, "maze": 2}, "full": {"single_turn": 8, "maze": 4}}
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     loads = [os.getloadavg()[0]]
     result = {"benchmark": "step", "quick": a.quick, "workloads": {}}
     for name in names:
+        fresh_run_dir(work / name)
         result["workloads"][name] = run_workload(name, work, a.steps or mode[name])
         loads.append(os.getloadavg()[0])
     result["load_average_during"] = [round(x, 2) for x in loads]

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/rollout.py is not the rollout package
 
+from _machine import fresh_run_dir  # noqa: E402
 from _turns import Contender  # noqa: E402
 
 SIDES = ("engine", "trl-hf", "trl-vllm")
@@ -75,6 +76,7 @@ def run_size(size: str, sides: list[str], steps: int, work: Path, trl_python: Pa
     try:
         # One at a time, so that each start-up is timed on an otherwise idle set of contenders.
         for side in sides:
+            fresh_run_dir(work / side)
             c = Contender(side, side_argv(side, model, work, steps, trl_python), work / f"{side}.log", env)
             try:
                 ready = c.event("ready")
