@@ -17,6 +17,10 @@ class EnvThreads:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self._slots = [ThreadPoolExecutor(1, thread_name_prefix=f"env-{i}") for i in range(threads)]
 
+    @property
+    def size(self) -> int:
+        return len(self._slots)
+
     def submit(self, slot: int, fn: Callable, *args) -> Future:
         return self._slots[slot % len(self._slots)].submit(fn, *args)
 

@@ -35,7 +35,7 @@ class Gate(envs.Env):
 
     def _call(self) -> None:
         with _LOCK:
-            _THREADS[self.tag, self.instance].add(threading.get_ident())
+            _THREADS[self.tag, self.instance].add(threading.get_native_id())  # kernel ids: not reused at once
             _IN_FLIGHT[self.tag] += 1
             _MOST[self.tag] = max(_MOST[self.tag], _IN_FLIGHT[self.tag])
         try:
@@ -92,6 +92,28 @@ def test_concurrency_changes_no_trajectory(worker):
     serial, _ = _rollout(worker, "serial", env_workers=1, greedy=True)
     pooled, _ = _rollout(worker, "pooled", env_workers=8, greedy=True)
     assert _summary(serial) == _summary(pooled)
+
+
+class Broken(Gate):
+    def step(self, action_text: str):
+        raise RuntimeError("the simulator went away")
+
+
+envs.register("gate_broken", Broken, overwrite=True)
+
+
+@pytest.mark.slow
+def test_the_threads_outlive_a_rollout_but_not_a_failed_one(worker):
+    _rollout(worker, "first", env_workers=4)
+    _rollout(worker, "second", env_workers=4)
+    first, second = set.union(*_threads_of("first")), set.union(*_threads_of("second"))
+    assert len(first) == 4 and second == first  # the same 4 threads, not 4 new ones
+    tasks = [Task("gate_broken", seed, {"tag": "broken"}) for seed in range(4)]
+    with pytest.raises(envs.EnvError, match="simulator went away"):
+        worker.rollout(tasks, 2, RolloutConfig(max_tokens_per_turn=4, env_workers=4, env_retries=0))
+    _rollout(worker, "after", env_workers=4)
+    # A failed rollout's threads may be stuck in an env call: the next rollout runs on fresh ones.
+    assert set.union(*_threads_of("after")).isdisjoint(first)
 
 
 def _summary(trajs) -> list:
