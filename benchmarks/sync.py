@@ -62,7 +62,6 @@ def main(argv=None) -> dict:
     tempfile.tempdir = str(run_dir / "tmp")
     Path(tempfile.tempdir).mkdir(parents=True, exist_ok=True)
 
-    import safetensors.torch
     import torch
     from peft import set_peft_model_state_dict
 
@@ -72,7 +71,6 @@ def main(argv=None) -> dict:
     from rollout.engine import EngineConfig, Request, Sampling
     from rollout.worker import RolloutWorker
     from sync import AdapterStore
-    from sync.store import ADAPTER_FILE, CONFIG_FILE
 
     versions = 8 if a.quick else 12
     model_path = a.model or str(tiny_models.build("vl", run_dir / "models" / "vl-bench", preset="bench"))
@@ -96,7 +94,6 @@ def main(argv=None) -> dict:
     worker = RolloutWorker(EngineConfig(model=model_path, max_lora_rank=RANK, max_model_len=2048, merge_adapter=False),
                            store_root=str(store.root), worker_id="bench-sync")
     engine = worker.engine.llm.llm_engine
-    from vllm.lora.request import LoRARequest
 
     chat = ChatFormat(processor)
     text = "Describe every wall of this maze, row by row, then find the path. " * (worker.engine.block_size // 8 + 4)
@@ -114,38 +111,13 @@ def main(argv=None) -> dict:
             lp = forward.token_logprobs(peft_model, batch, batch.per_token[0])
         return lp[0][mask.bool()]
 
-    def hot(v: int) -> tuple[float, float]:
-        t0 = time.perf_counter()
-        version = store.publish(adapters[v], config)
-        t1 = time.perf_counter()
-        worker.sync_adapter(version)
-        return t1 - t0, time.perf_counter() - t0
-
-    def bare(v: int) -> float:
-        raw = run_dir / "raw" / f"r{v}"
-        raw.mkdir(parents=True)
-        # The config file vLLM reads from the store, written bare.
-        config_bytes = (Path(store.latest().path) / CONFIG_FILE).read_bytes()
-        t0 = time.perf_counter()
-        safetensors.torch.save_file(adapters[v], str(raw / ADAPTER_FILE))
-        (raw / CONFIG_FILE).write_bytes(config_bytes)
-        request = LoRARequest(f"raw-{v}", 100_000 + v, str(raw))
-        if not engine.add_lora(request):
-            raise RuntimeError(f"vLLM refused the raw adapter {raw}")
-        engine.remove_lora(request.lora_int_id)
-        return time.perf_counter() - t0
-
     hot_ms, publish_ms, raw_ms = [], [], []
     stale_reads, diff_new_max, diff_old_min = 0, 0.0, float("inf")
     try:
         for v in range(versions + 1):  # version 0 is the warm-up, untimed and unchecked
-            # Taking turns, each going first every other version, spreads the machine's noise evenly.
-            if v % 2:
-                raw_s = bare(v)
-                pub_s, hot_s = hot(v)
-            else:
-                pub_s, hot_s = hot(v)
-                raw_s = bare(v)
+            pub_s, hot_s, raw_s = taking_turns(
+                v, lambda: publish_and_hotload(store, worker, adapters[v], config),
+                lambda: save_and_add_lora(engine, store, adapters[v], run_dir / "raw" / f"r{v}", v))
             if v == 0:
                 continue
             publish_ms.append(pub_s * 1e3)
@@ -197,16 +169,13 @@ def main(argv=None) -> dict:
 
 def seed_size_sync(run_dir: Path, versions: int) -> dict:
     """Publish + hot-load against save_file + add_lora for the rank-32 adapter of Qwen3-VL-8B's shapes."""
-    import safetensors.torch
     from peft import LoraConfig
-    from vllm.lora.request import LoRARequest
 
     from benchmarks import gpu_bench
     from grpo import tiny_models
     from rollout.engine import EngineConfig, Request, Sampling
     from rollout.worker import RolloutWorker
     from sync import AdapterStore
-    from sync.store import ADAPTER_FILE, CONFIG_FILE
 
     text = gpu_bench.TEXT_CONFIG
     preset = tiny_models.TinyPreset(
@@ -233,35 +202,11 @@ def seed_size_sync(run_dir: Path, versions: int) -> dict:
     engine = worker.engine.llm.llm_engine
     publish_ms, hot_ms, raw_ms = [], [], []
     try:
-        def hot() -> tuple[float, float]:
-            t0 = time.perf_counter()
-            version = store.publish(tensors, config)
-            t1 = time.perf_counter()
-            worker.sync_adapter(version)
-            return t1 - t0, time.perf_counter() - t0
-
-        def bare(v: int) -> float:
-            raw = run_dir / "raw-8b" / f"r{v}"
-            raw.mkdir(parents=True)
-            config_bytes = (Path(store.latest().path) / CONFIG_FILE).read_bytes()  # version 0 published it
-            t0 = time.perf_counter()
-            safetensors.torch.save_file(tensors, str(raw / ADAPTER_FILE))
-            (raw / CONFIG_FILE).write_bytes(config_bytes)
-            request = LoRARequest(f"raw-{v}", 100_000 + v, str(raw))
-            if not engine.add_lora(request):
-                raise RuntimeError(f"vLLM refused the raw adapter {raw}")
-            engine.remove_lora(request.lora_int_id)
-            elapsed = time.perf_counter() - t0
-            shutil.rmtree(raw)  # 333 MB a version: keep the disk
-            return elapsed
-
         for v in range(versions + 1):  # version 0 is the warm-up
-            if v % 2:
-                raw_s = bare(v)
-                pub_s, hot_s = hot()
-            else:
-                pub_s, hot_s = hot()
-                raw_s = bare(v)
+            raw = run_dir / "raw-8b" / f"r{v}"
+            pub_s, hot_s, raw_s = taking_turns(v, lambda: publish_and_hotload(store, worker, tensors, config),
+                                               lambda: save_and_add_lora(engine, store, tensors, raw, v))
+            shutil.rmtree(raw)  # 333 MB a version: keep the disk
             if v:
                 publish_ms.append(pub_s * 1e3)
                 hot_ms.append(hot_s * 1e3)
@@ -282,6 +227,47 @@ def seed_size_sync(run_dir: Path, versions: int) -> dict:
         "served_tokens": len(served.token_ids),
         "load_average": round(os.getloadavg()[0], 2),
     }
+
+
+def taking_turns(v: int, hot, bare) -> tuple[float, float, float]:
+    """(publish s, publish + hot-load s, bare s) of version `v`; each path goes first every other version,
+    which spreads the machine's noise evenly."""
+    if v % 2:
+        raw_s = bare()
+        pub_s, hot_s = hot()
+    else:
+        pub_s, hot_s = hot()
+        raw_s = bare()
+    return pub_s, hot_s, raw_s
+
+
+def publish_and_hotload(store, worker, tensors, config) -> tuple[float, float]:
+    """Seconds to publish a version, and to publish it and hot-load it into the worker."""
+    t0 = time.perf_counter()
+    version = store.publish(tensors, config)
+    t1 = time.perf_counter()
+    worker.sync_adapter(version)
+    return t1 - t0, time.perf_counter() - t0
+
+
+def save_and_add_lora(engine, store, tensors, raw: Path, v: int) -> float:
+    """The bare path into folder `raw`: save_file plus the config file the store holds (written bare), vLLM's
+    add_lora and remove_lora, nothing else."""
+    import safetensors.torch
+    from vllm.lora.request import LoRARequest
+
+    from sync.store import ADAPTER_FILE, CONFIG_FILE
+
+    raw.mkdir(parents=True)
+    config_bytes = (Path(store.latest().path) / CONFIG_FILE).read_bytes()
+    t0 = time.perf_counter()
+    safetensors.torch.save_file(tensors, str(raw / ADAPTER_FILE))
+    (raw / CONFIG_FILE).write_bytes(config_bytes)
+    request = LoRARequest(f"raw-{v}", 100_000 + v, str(raw))
+    if not engine.add_lora(request):
+        raise RuntimeError(f"vLLM refused the raw adapter {raw}")
+    engine.remove_lora(request.lora_int_id)
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":
