@@ -70,18 +70,6 @@ def make_batch(processor, sequences: int, length: int, seed: int = 0):
     return trajs, advantages
 
 
-def matmul_peak(threads: int, n: int = 2048, repeats: int = 5) -> float:
-    torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return 2 * n ** 3 / best
-
-
 class PlainLoop:
     """The single process: a plain torch + peft loop, without any of the trainer's machinery."""
 
@@ -201,7 +189,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", help="the result file (default: benchmarks/results/update.json, update-quick.json "
                                   "with --quick)")
     a = ap.parse_args(argv)
-    from benchmarks._machine import machine_info, peaks, write_result
+    from benchmarks._machine import machine_info, matmul_peak, peaks, write_result
     from grpo import forward, tiny_models
 
     mode = "quick" if a.quick else "full"
@@ -229,10 +217,13 @@ def main(argv=None) -> dict:
                 tokens = loop.step()
                 single[threads].append(time.perf_counter() - t)
             fsdp_times.append(ranks.step())
-        peak = max(matmul_peak(t) for t in (1, 2))
+        torch.set_num_threads(1)
+        one_thread = matmul_peak()
         torch.set_num_threads(2)
         machine = machine_info(peak=False)
         machine["matmul_peak"] = {"device": "cpu", **peaks()}
+        # The ceiling is the better of one and two threads, as the loop ran with both.
+        peak = max(one_thread, machine["matmul_peak"]["fp32_gflops"] * 1e9)
         load_after = os.getloadavg()[0]
     finally:
         ranks.close()
