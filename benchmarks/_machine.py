@@ -133,4 +133,3 @@ def fresh_run_dir(path: str | Path) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
-

@@ -394,8 +394,6 @@ _sigterm_received = threading.Event()
 def _exit_on_sigterm():
     """Let SIGTERM (a scheduler's kill, `timeout`) unwind like Ctrl-C, so that Ray and its /tmp folder are shut
     down; Python's default for SIGTERM exits without running `finally`. Returns the undo."""
-    import signal
-
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
