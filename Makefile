@@ -34,7 +34,7 @@ maze: install
 	$(PYTHON) -m examples.maze.run
 
 doctor: install
-	$(PYTHON) -m grpo.doctor
+	$(PYTHON) -m grpo.tools.doctor
 
 # Every benchmark in full mode, each writing benchmarks/results/NAME.json with the machine; then the README's
 # table is regenerated from those files (a failed benchmark keeps its previous file, and make fails at the end).

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from _single_turn import PROMPTS, digit_reward
-    from grpo.lora import DEFAULT_TARGETS
+    from grpo.learner.lora import DEFAULT_TARGETS
 
     if a.generate == "vllm":
         cpu_vllm_settings()

@@ -44,9 +44,10 @@ def main(argv=None) -> dict:
     from benchmarks._machine import machine_info, write_result
     from benchmarks.update import make_batch
     from envs.base import Observation
-    from grpo import forward, lora, tiny_models
-    from grpo.train_config import TrainConfig
-    from grpo.train_worker import TrainWorker
+    from grpo.learner import forward, lora
+    from grpo.tools import tiny_models
+    from grpo.learner.config import TrainConfig
+    from grpo.learner.worker import TrainWorker
     from rollout.conversation import ChatFormat
     from rollout.engine import Engine, EngineConfig, Request, Sampling
     from sync import AdapterStore
@@ -54,7 +55,7 @@ def main(argv=None) -> dict:
     cfg = MODES["quick" if a.quick else "full"]
     machine = machine_info()  # before vLLM binds this process's threads
     model_path = str(tiny_models.build("vl", run_dir / "models" / "vl-bench", preset="bench"))
-    settings = lora.LoraSettings(rank=32, alpha=64.0)
+    settings = lora.LoraConfig(rank=32, alpha=64.0)
 
     # Update: both dtypes in this process, steps taking turns.
     workers = {d: TrainWorker(model_path, lora=settings, train=TrainConfig(micro_batch_size=cfg["sequences"]), dtype=d)

@@ -40,7 +40,7 @@ def main(argv=None) -> dict:
     runtime.configure(run_dir)
 
     import envs
-    from grpo import tiny_models
+    from grpo.tools import tiny_models
     from rollout.engine import EngineConfig
     from rollout.worker import RolloutConfig, RolloutWorker, Task
 

@@ -36,18 +36,19 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(a.work).resolve()
     runtime.configure(work, runtime.shared_cache_dir(work))
     # vLLM in-process drops the process to one thread unless told otherwise; both sides get every core, as
-    # the rollout worker's engine does (grpo.rollout_pool) and TRL's process does.
+    # the rollout worker's engine does (grpo.driver.rollout_pool) and TRL's process does.
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     import torch
 
     from _single_turn import PROMPTS
-    from grpo import forward, lora, tiny_models
+    from grpo.learner import forward, lora
+    from grpo.tools import tiny_models
     from rollout.conversation import ChatFormat
     from rollout.engine import Engine, EngineConfig, Request, Sampling, vllm_prompts
     from sync import AdapterStore
 
     model_dir = tiny_models.build("text", work / "models" / f"text-{a.preset}", seed=0, preset=a.preset)
-    peft_model = lora.apply_lora(forward.load_model(model_dir), lora.LoraSettings(rank=16, alpha=32.0)).eval()
+    peft_model = lora.apply_lora(forward.load_model(model_dir), lora.LoraConfig(rank=16, alpha=32.0)).eval()
     lora.randomize_adapter(peft_model, seed=3, scale=0.05)
     store = AdapterStore(work / f"store-{a.preset}")
     version = store.publish(lora.adapter_tensors(peft_model), lora.adapter_config(peft_model))
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
-    merged_hf = lora.apply_lora(forward.load_model(model_dir), lora.LoraSettings(rank=16, alpha=32.0))
+    merged_hf = lora.apply_lora(forward.load_model(model_dir), lora.LoraConfig(rank=16, alpha=32.0))
     merged_hf.load_state_dict(peft_model.state_dict())
     merged_hf = merged_hf.merge_and_unload().eval()
 

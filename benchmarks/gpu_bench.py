@@ -114,7 +114,7 @@ def build_tokenizer(vocab_size: int):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from grpo.tiny_models import CHAT_TEMPLATE
+    from grpo.tools.tiny_models import CHAT_TEMPLATE
 
     vocab = {SPECIAL_TOKENS.get(i, f"t{i}"): i for i in range(vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
@@ -132,7 +132,7 @@ def build_processor(tokenizer):
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    from grpo.tiny_models import CHAT_TEMPLATE
+    from grpo.tools.tiny_models import CHAT_TEMPLATE
 
     # Qwen3-VL's published preprocessor values: 16 px patches, 2 x 2 merge, 2 frames, mean/std 0.5.
     common = dict(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
@@ -187,7 +187,7 @@ def plan(config, model=None) -> dict:
 def check_prompt(processor) -> dict:
     """The first maze prompt through the stand-in tokenizer and processor, as the rollout builds it."""
     from envs.maze import MazeEnv
-    from grpo import forward
+    from grpo.learner import forward
     from rollout.conversation import ChatFormat
 
     obs = MazeEnv(size=WORKLOAD["maze_size"], cell_px=WORKLOAD["cell_px"], max_turns=WORKLOAD["max_turns"]).reset(0)
@@ -237,9 +237,9 @@ def run(work: Path, out: Path) -> dict:
     from vllm.lora.request import LoRARequest
 
     from benchmarks._machine import machine_info, matmul_peak
-    from grpo import lora
-    from grpo.train_config import TrainConfig
-    from grpo.train_worker import TrainWorker
+    from grpo.learner import lora
+    from grpo.learner.config import TrainConfig
+    from grpo.learner.worker import TrainWorker
     from rollout.engine import EngineConfig
     from rollout.worker import RolloutConfig, RolloutWorker, Task
     from sync import AdapterStore
@@ -264,7 +264,7 @@ def run(work: Path, out: Path) -> dict:
 
     store = AdapterStore(work / "store", keep_last=2)
     t = time.perf_counter()
-    trainer = TrainWorker(model_path, lora=lora.LoraSettings(rank=LORA_RANK, alpha=2.0 * LORA_RANK),
+    trainer = TrainWorker(model_path, lora=lora.LoraConfig(rank=LORA_RANK, alpha=2.0 * LORA_RANK),
                           train=TrainConfig(micro_batch_size=w["micro_batch_size"], lr=1e-5), dtype="bfloat16")
     result["trainer_start_s"] = round(time.perf_counter() - t, 1)
     version = trainer.publish(str(store.root))

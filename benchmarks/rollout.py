@@ -41,7 +41,9 @@ def main(argv=None) -> dict:
     # Before vLLM starts: in-process, it binds this process's OpenMP threads for itself.
     machine = machine_info()
 
-    from grpo import forward, lora, tiny_models
+    from grpo.learner import forward, lora
+
+    from grpo.tools import tiny_models
     from rollout.engine import EngineConfig, vllm_prompts
     from rollout.worker import RolloutConfig, RolloutWorker, Task
     from sync import AdapterStore
@@ -50,7 +52,7 @@ def main(argv=None) -> dict:
     repeats = a.repeats or repeats
     model_path = a.model or str(tiny_models.build("vl", run_dir / "models" / "tiny-vl", seed=0))
     store = AdapterStore(run_dir / "store", keep_last=1)
-    peft_model = lora.apply_lora(forward.load_model(model_path), lora.LoraSettings(rank=8, alpha=16.0))
+    peft_model = lora.apply_lora(forward.load_model(model_path), lora.LoraConfig(rank=8, alpha=16.0))
     lora.randomize_adapter(peft_model, seed=5)
     version = store.publish(lora.adapter_tensors(peft_model), lora.adapter_config(peft_model))
 
@@ -72,7 +74,7 @@ def main(argv=None) -> dict:
     worker.engine.generate = recording
     worker.rollout(tasks[:2], 2, cfg)  # warm-up: vLLM's first calls are several times slower
 
-    from sync.hotload import HotLoader
+    from rollout.hotload import HotLoader
 
     # A merged engine (the CPU default) serves the adapter from its weights: no LoRA request to replay.
     lora_request = None if worker.engine.cfg.merged else HotLoader.request(worker.engine.adapters.current)

@@ -35,14 +35,15 @@ GROUP = 2  # episodes per task: tasks = episodes / GROUP
 
 
 def rollout_curves(run_dir: Path, cfg: dict) -> dict:
-    from grpo import forward, lora, tiny_models
+    from grpo.learner import forward, lora
+    from grpo.tools import tiny_models
     from rollout.engine import EngineConfig
     from rollout.worker import RolloutConfig, RolloutWorker, Task
     from sync import AdapterStore
 
     model_path = str(tiny_models.build("vl", run_dir / "models" / "tiny-vl", seed=0))
     store = AdapterStore(run_dir / "store", keep_last=1)
-    peft_model = lora.apply_lora(forward.load_model(model_path), lora.LoraSettings(rank=8, alpha=16.0))
+    peft_model = lora.apply_lora(forward.load_model(model_path), lora.LoraConfig(rank=8, alpha=16.0))
     lora.randomize_adapter(peft_model, seed=5)
     version = store.publish(lora.adapter_tensors(peft_model), lora.adapter_config(peft_model))
     del peft_model
@@ -79,15 +80,15 @@ def update_curves(run_dir: Path, cfg: dict) -> dict:
     import torch
 
     from benchmarks.update import make_batch
-    from grpo import tiny_models
-    from grpo.lora import LoraSettings
-    from grpo.train_config import TrainConfig
-    from grpo.train_worker import TrainWorker
+    from grpo.tools import tiny_models
+    from grpo.learner.lora import LoraConfig
+    from grpo.learner.config import TrainConfig
+    from grpo.learner.worker import TrainWorker
 
     model_path = str(tiny_models.build("vl", run_dir / "models" / f"vl-{cfg['preset']}", preset=cfg["preset"]))
 
     def point(length: int, rank: int) -> dict:
-        worker = TrainWorker(model_path, lora=LoraSettings(rank=rank, alpha=2.0 * rank),
+        worker = TrainWorker(model_path, lora=LoraConfig(rank=rank, alpha=2.0 * rank),
                              train=TrainConfig(micro_batch_size=cfg["sequences"]))
         try:
             batch, advantages = make_batch(worker.processor, cfg["sequences"], length)

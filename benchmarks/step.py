@@ -36,7 +36,7 @@ MODES = {"quick": {"single_turn": 4, "maze": 2}, "full": {"single_turn": 8, "maz
 
 
 def single_turn_config(work: Path, steps: int):
-    from grpo import tiny_models
+    from grpo.tools import tiny_models
 
     from _engine_side import parser, run_config
 

@@ -66,7 +66,8 @@ def main(argv=None) -> dict:
     from peft import set_peft_model_state_dict
 
     from envs.base import Observation
-    from grpo import forward, lora, tiny_models
+    from grpo.learner import forward, lora
+    from grpo.tools import tiny_models
     from rollout.conversation import ChatFormat
     from rollout.engine import EngineConfig, Request, Sampling
     from rollout.worker import RolloutWorker
@@ -79,7 +80,7 @@ def main(argv=None) -> dict:
     store = AdapterStore(run_dir / "store", keep_last=2)
 
     # The versions' tensors, made up front: only the sync itself is timed.
-    peft_model = lora.apply_lora(forward.load_model(model_path), lora.LoraSettings(rank=RANK, alpha=2.0 * RANK))
+    peft_model = lora.apply_lora(forward.load_model(model_path), lora.LoraConfig(rank=RANK, alpha=2.0 * RANK))
     peft_model.eval()
     config = lora.adapter_config(peft_model)
     adapters = []
@@ -90,7 +91,7 @@ def main(argv=None) -> dict:
 
     processor = forward.load_processor(model_path)
     # vLLM's LoRA path (the GPU default), which the bare add_lora baseline takes too; on the CPU the engine
-    # merges adapters into its weights by default (sync/merged.py).
+    # merges adapters into its weights by default (rollout/merged.py).
     worker = RolloutWorker(EngineConfig(model=model_path, max_lora_rank=RANK, max_model_len=2048, merge_adapter=False),
                            store_root=str(store.root), worker_id="bench-sync")
     engine = worker.engine.llm.llm_engine
@@ -172,7 +173,7 @@ def seed_size_sync(run_dir: Path, versions: int) -> dict:
     from peft import LoraConfig
 
     from benchmarks import gpu_bench
-    from grpo import tiny_models
+    from grpo.tools import tiny_models
     from rollout.engine import EngineConfig, Request, Sampling
     from rollout.worker import RolloutWorker
     from sync import AdapterStore

@@ -3,7 +3,7 @@
     python benchmarks/update.py [--quick] [--kind vl|text] [--preset bench] [--work runs/bench]
 
 Measured in one run, on the same batch:
-- single: a plain loop (forward.expand/collate/token_logprobs, grpo.loss, AdamW on the LoRA weights) in
+- single: a plain loop (forward.expand/collate/token_logprobs, grpo.algo.loss, AdamW on the LoRA weights) in
   this process, at its best thread count (1 or 2 OpenMP threads);
 - fsdp: TrainWorker ranks, one thread each, in 2 processes (torch multiprocessing, gloo), FSDP2-sharded;
 - the step's FLOPs, counted by torch's FlopCounterMode on the single loop, and the peak of a large fp32
@@ -74,12 +74,12 @@ class PlainLoop:
     """The single process: a plain torch + peft loop, without any of the trainer's machinery."""
 
     def __init__(self, model_path: str, batch, advantages, micro_batch_size: int):
-        from grpo import forward
-        from grpo.config import AlgorithmConfig
-        from grpo.lora import LoraSettings, apply_lora
+        from grpo.learner import forward
+        from grpo.algo.config import AlgorithmConfig
+        from grpo.learner.lora import LoraConfig, apply_lora
 
         torch.manual_seed(0)
-        self.model = apply_lora(forward.load_model(model_path), LoraSettings(rank=LORA_RANK, alpha=2 * LORA_RANK))
+        self.model = apply_lora(forward.load_model(model_path), LoraConfig(rank=LORA_RANK, alpha=2 * LORA_RANK))
         self.model.train()
         self.processor = forward.load_processor(model_path)
         self.pad = forward.tokenizer_of(self.processor).pad_token_id
@@ -90,8 +90,8 @@ class PlainLoop:
         self.micro_batch_size = micro_batch_size
 
     def step(self) -> int:
-        from grpo import forward
-        from grpo.loss import loss_normalizer, policy_loss
+        from grpo.learner import forward
+        from grpo.algo.loss import loss_normalizer, policy_loss
 
         seqs = [forward.expand(self.processor, s.token_ids, s.images,
                                [torch.tensor(s.loss_mask), torch.tensor(s.sampler_logprobs)]) for s, _ in self.segs]
@@ -118,12 +118,12 @@ class PlainLoop:
 
 
 def _rank(rank: int, world_size: int, port: int, model_path: str, cfg: dict, commands, results) -> None:
-    from grpo import dist
-    from grpo.lora import LoraSettings
-    from grpo.train_config import TrainConfig
-    from grpo.train_worker import TrainWorker
+    from grpo.learner import dist
+    from grpo.learner.lora import LoraConfig
+    from grpo.learner.config import TrainConfig
+    from grpo.learner.worker import TrainWorker
 
-    worker = TrainWorker(model_path, lora=LoraSettings(rank=LORA_RANK, alpha=2 * LORA_RANK),
+    worker = TrainWorker(model_path, lora=LoraConfig(rank=LORA_RANK, alpha=2 * LORA_RANK),
                          train=TrainConfig(micro_batch_size=cfg["micro_batch_size"]), rank=rank,
                          world_size=world_size, cpu_threads=1)
     worker.setup("127.0.0.1", port)
@@ -145,7 +145,7 @@ class FsdpRanks:
     def __init__(self, model_path: str, cfg: dict, world_size: int = 2):
         import torch.multiprocessing as mp
 
-        from grpo.dist import free_port
+        from grpo.learner.dist import free_port
 
         ctx = mp.get_context("spawn")
         self.commands = [ctx.Queue() for _ in range(world_size)]
@@ -184,13 +184,14 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a small batch and few steps (about 2 minutes)")
     ap.add_argument("--kind", choices=("vl", "text"), default="vl")
-    ap.add_argument("--preset", default="bench", help="a grpo.tiny_models preset")
+    ap.add_argument("--preset", default="bench", help="a grpo.tools.tiny_models preset")
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench"))
     ap.add_argument("--out", help="the result file (default: benchmarks/results/update.json, update-quick.json "
                                   "with --quick)")
     a = ap.parse_args(argv)
     from benchmarks._machine import machine_info, matmul_peak, peaks, write_result
-    from grpo import forward, tiny_models
+    from grpo.learner import forward
+    from grpo.tools import tiny_models
 
     mode = "quick" if a.quick else "full"
     cfg = MODES[mode]

@@ -2,7 +2,7 @@
 
     python benchmarks/vs_trl.py [--quick] [--steps N] [--sizes tiny,bench] [--sides engine,trl-hf,trl-vllm]
 
-Both sides: the same tiny Qwen3 text model folder (grpo.tiny_models), the same 8 prompts x G=8 of the
+Both sides: the same tiny Qwen3 text model folder (grpo.tools.tiny_models), the same 8 prompts x G=8 of the
 single-turn digits task (benchmarks/_single_turn.py: one reply of up to 32 tokens, reward = share of
 digits), LoRA rank 16 / alpha 32 on the same projections, lr 1e-4, one AdamW update per batch, no KL,
 temperature 1, float32, gradient norm clipped at 1. This engine runs through grpo.Trainer.fit() (Ray, a
@@ -64,7 +64,7 @@ def median_from(values: list[float], first: int = 3) -> float | None:
 
 
 def run_size(size: str, sides: list[str], steps: int, work: Path, trl_python: Path | None) -> dict:
-    from grpo import tiny_models
+    from grpo.tools import tiny_models
 
     model = tiny_models.build("text", work / "models" / f"text-{size}", seed=0, preset=size)
     work = work / size

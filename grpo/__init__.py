@@ -2,23 +2,21 @@
 
 `import grpo` stays light: the trainer, Ray and vLLM load when first used.
 """
-from grpo.config import AlgorithmConfig, ConfigError
-from grpo.lora import LoraSettings
-from grpo.run_config import RunConfig
-from grpo.train_config import TrainConfig
+from grpo.algo.config import AlgorithmConfig, ConfigError
+from grpo.learner.lora import LoraConfig
+from grpo.config import RunConfig
+from grpo.learner.config import TrainConfig
 
-Config = RunConfig
-
-__all__ = ["AlgorithmConfig", "Config", "ConfigError", "LoraSettings", "RunConfig", "TrainConfig", "Trainer"]
+__all__ = ["AlgorithmConfig", "ConfigError", "LoraConfig", "RunConfig", "TrainConfig", "Trainer"]
 
 
 def __getattr__(name):
     if name == "Trainer":
-        from grpo.trainer import Trainer
+        from grpo.driver.trainer import Trainer
 
         return Trainer
     if name == "tiny_models":
         import importlib
 
-        return importlib.import_module("grpo.tiny_models")
+        return importlib.import_module("grpo.tools.tiny_models")
     raise AttributeError(f"module 'grpo' has no attribute {name!r}")

@@ -1,58 +1,352 @@
-"""Typed configuration, validated when built, and the checks every config class here reuses.
+"""The whole run's configuration: typed sections, loadable from YAML, overridable from the command line.
 
-A bad value fails at construction with a `ConfigError` naming the field, the value and what is allowed,
-not steps later inside a tensor op. Config classes call the `check_*` helpers from `__post_init__`.
+    config = RunConfig.from_yaml("examples/maze/cpu.yaml", overrides=["--algo.clip_high", "0.28"])
+
+Every section validates itself when built, so a bad value fails before Ray or vLLM start, with an error
+that names the field (`algorithm.clip_low`), the value and what is allowed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import dataclasses
+import importlib.util
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
 
-# The helpers live in rollout (the lowest package that validates a config); re-exported here for grpo.
-from rollout.checks import ConfigError, check_bool, check_choice, check_number, require
+from grpo.algo.config import AlgorithmConfig, ConfigError, check_bool, check_number, require
+from grpo.driver.fault import FaultConfig
+from grpo.learner.lora import LoraConfig
+from grpo.learner.config import TrainConfig
 
-__all__ = ["AlgorithmConfig", "ConfigError", "check_bool", "check_choice", "check_number", "require"]
+# Short names accepted on the command line and in YAML for the long section names.
+ALIASES = {"algo": "algorithm", "opt": "train"}
+
+
+def parse_seeds(spec) -> list[int]:
+    """"0-63", "0-3,10,20-21", a list of ints, or an int count meaning 0..n-1."""
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return list(range(spec))
+    if isinstance(spec, (list, tuple, range)):
+        return [int(s) for s in spec]
+    seeds: list[int] = []
+    for part in str(spec).split(","):
+        part = part.strip()
+        if "-" in part[1:]:
+            lo, hi = part.split("-", 1) if not part.startswith("-") else (part, part)
+            seeds.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            seeds.append(int(part))
+    return seeds
 
 
 @dataclass(frozen=True)
-class AlgorithmConfig:
-    """GRPO's advantage and loss settings (grpo.advantages, grpo.loss)."""
-
-    group_size: int = 8  # episodes per task (G)
-    scale_rewards: str = "group"  # "group": divide by the group's std + eps; "none": Dr. GRPO
-    baseline: str = "mean"  # "mean" | "leave_one_out" (each episode's baseline excludes itself, RLOO)
-    eps: float = 1e-6
-    drop_zero_signal_groups: bool = False  # groups whose rewards are all equal: keep (advantage 0) or drop
-    clip_low: float = 0.2  # the ratio is clipped to [1 - clip_low, 1 + clip_high]
-    clip_high: float = 0.28  # clip-higher (DAPO): more room for raising unlikely tokens, against collapse
-    dual_clip: Optional[float] = None  # c > 1: bounds a negative advantage's loss at c * |A| (dual-clip PPO)
-    loss_agg: str = "token_mean"  # "token_mean" | "sequence_mean" | "seq_sum_norm" (Dr. GRPO)
-    seq_sum_norm_len: Optional[int] = None  # the fixed length seq_sum_norm divides by, e.g. max response tokens
-    kl_coef: float = 0.0  # weight of the KL penalty to the reference (base) model; 0 turns it off
-    kl_estimator: str = "k3"  # "k1" | "k2" | "k3" (Schulman's estimators of KL(policy || reference))
-    tis_cap: Optional[float] = None  # truncated importance sampling vs the sampler's logprobs; None: off
-    # Step-level advantages (GiGPO's "anchor states"): each turn also gets its discounted return against
-    # the other turns of its group taken from the same env state (Env.state_key), weighted by this; 0: off.
-    step_weight: float = 0.0
-    step_gamma: float = 0.95  # discount of the step-level return: sooner success from the same state is better
+class EnvConfig:
+    name: str = "maze"
+    options: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        check_number(self, "group_size", integer=True, ge=2, hint="a group of one has no baseline")
-        check_choice(self, "scale_rewards", ("group", "none"))
-        check_choice(self, "baseline", ("mean", "leave_one_out"))
-        check_number(self, "eps", gt=0)
-        check_bool(self, "drop_zero_signal_groups")
-        check_number(self, "clip_low", ge=0, lt=1, hint="the ratio's lower bound 1 - clip_low must stay positive")
-        check_number(self, "clip_high", ge=0)
-        check_number(self, "dual_clip", gt=1, optional=True, hint="e.g. 3.0")
-        check_choice(self, "loss_agg", ("token_mean", "sequence_mean", "seq_sum_norm"))
-        check_number(self, "seq_sum_norm_len", integer=True, ge=1, optional=True)
-        require(
-            self, "seq_sum_norm_len", self.loss_agg != "seq_sum_norm" or self.seq_sum_norm_len is not None,
-            "an integer >= 1 when loss_agg='seq_sum_norm' (e.g. the max response tokens)",
-        )
-        check_number(self, "kl_coef", ge=0)
-        check_choice(self, "kl_estimator", ("k1", "k2", "k3"))
-        check_number(self, "tis_cap", ge=1, optional=True, hint="e.g. 2.0; a cap below 1 shrinks on-policy tokens")
-        check_number(self, "step_weight", ge=0, hint="GiGPO uses 1.0; 0 turns step-level advantages off")
-        check_number(self, "step_gamma", gt=0, le=1, hint="e.g. 0.95")
+        require(self, "name", isinstance(self.name, str) and bool(self.name), "a registered env name, e.g. 'maze'")
+        require(self, "options", isinstance(self.options, dict), "a mapping of the env's options")
+
+
+@dataclass(frozen=True)
+class RolloutSection:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens_per_turn: int = 32
+    stop: tuple = ()
+    history: str = "auto"
+    system_prompt: Optional[str] = None
+    max_turns: Optional[int] = None   # episode cap whatever the env says (its own limit still applies)
+    env_workers: int = 64             # threads running env calls at once (for envs that wait); 1: in turn
+    env_retries: int = 2              # re-runs of a group whose env failed, with fresh envs, before the run stops
+    max_model_len: int = 4096
+    kv_cache_memory_bytes: int = 512 << 20
+    gpu_memory_utilization: float = 0.4
+    dtype: str = "auto"
+
+    def __post_init__(self):
+        check_number(self, "temperature", gt=0, hint="training samples; greedy (0) is for evaluation")
+        check_number(self, "max_model_len", integer=True, ge=64)
+        check_number(self, "kv_cache_memory_bytes", integer=True, ge=1 << 20)
+        check_number(self, "gpu_memory_utilization", gt=0, le=1)
+        self.rollout_config()
+
+    def rollout_config(self):
+        from rollout.worker import RolloutConfig
+
+        try:
+            return RolloutConfig(temperature=self.temperature, top_p=self.top_p,
+                                 max_tokens_per_turn=self.max_tokens_per_turn, stop=tuple(self.stop),
+                                 history=self.history, system_prompt=self.system_prompt,
+                                 max_turns=self.max_turns, env_workers=self.env_workers,
+                                 env_retries=self.env_retries)
+        except ConfigError as e:
+            raise ConfigError(self, e.field.split(".")[-1], e.value, e.allowed) from None
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    seeds: Any = "0-63"          # the fixed evaluation set, greedy decoding
+    unseen_seeds: Any = None     # a second set the training never draws, reported at the end
+    every: int = 0               # evaluate every k steps (0: only before and after training)
+    target_success: Optional[float] = None  # stop training once eval success reaches it
+
+    def __post_init__(self):
+        try:
+            parse_seeds(self.seeds)
+            parse_seeds(self.unseen_seeds or [])
+        except ValueError:
+            raise ConfigError(self, "seeds", self.seeds, "a seed list like '0-63' or '0-3,10'") from None
+        check_number(self, "every", integer=True, ge=0)
+        check_number(self, "target_success", ge=0, le=1, optional=True)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 10   # steps between checkpoints; one is always written at the end
+    keep: int = 2
+
+    def __post_init__(self):
+        check_number(self, "every", integer=True, ge=1)
+        check_number(self, "keep", integer=True, ge=1)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    address: Optional[str] = None   # an existing Ray cluster ("auto", "ray://..."); None starts one here
+    rollout_workers: int = 1        # one vLLM engine each (one per GPU on a cluster)
+    train_ranks: int = 2            # FSDP ranks
+    colocate: bool = True           # rollout engines share the trainer's devices (vLLM sleeps while training)
+    # Extra Ray resources each rollout worker / each train rank asks for, e.g. {"rollout_node": 1}: with
+    # custom resources on the nodes (`ray start --resources`) they put rollout and training on chosen nodes.
+    rollout_resources: dict = field(default_factory=dict)
+    train_resources: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        check_number(self, "rollout_workers", integer=True, ge=1)
+        check_number(self, "train_ranks", integer=True, ge=1)
+        check_bool(self, "colocate")
+        for name in ("rollout_resources", "train_resources"):
+            value = getattr(self, name)
+            require(self, name, isinstance(value, dict) and all(
+                isinstance(k, str) and k not in ("CPU", "GPU") and isinstance(v, (int, float))
+                and not isinstance(v, bool) and v > 0 for k, v in value.items()),
+                "a mapping of custom Ray resource names to positive amounts, e.g. {'rollout_node': 1} "
+                "(CPU and GPU are set by the trainer)")
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    """Weights & Biases logging, optional (`pip install 'grpo[wandb]'`). mode "auto" logs online when an API
+    key is configured (WANDB_API_KEY or `wandb login`) and the W&B server answers, else offline into the run
+    folder, from where `wandb sync RUN/wandb/offline-run-*` uploads it later."""
+    project: str = ""
+    mode: str = "auto"              # "auto" | "online" | "offline"
+    entity: Optional[str] = None    # the W&B team or user; None: the key's default entity
+    name: Optional[str] = None      # the run's display name; None: the run folder's name
+    group: Optional[str] = None
+    tags: tuple = ()
+
+    def __post_init__(self):
+        require(self, "project", isinstance(self.project, str) and bool(self.project),
+                "the W&B project to log to, e.g. 'maze-grpo'")
+        require(self, "mode", self.mode in ("auto", "online", "offline"), "one of 'auto', 'online', 'offline'")
+        for name in ("entity", "name", "group"):
+            value = getattr(self, name)
+            require(self, name, value is None or (isinstance(value, str) and bool(value)), "a non-empty string or None")
+        require(self, "tags", isinstance(self.tags, (list, tuple)) and all(isinstance(t, str) for t in self.tags),
+                "a list of strings")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    tensorboard: bool = True
+    prometheus_port: Optional[int] = None   # serve /metrics while running (Grafana scrapes it)
+    plots: bool = True
+    samples_per_step: int = 4   # decoded episodes a step written to samples.jsonl (0: none)
+    wandb: Optional[WandbConfig] = None   # e.g. {project: maze-grpo}; None: no W&B
+
+    def __post_init__(self):
+        check_bool(self, "tensorboard")
+        check_number(self, "prometheus_port", integer=True, ge=1, le=65535, optional=True)
+        check_number(self, "samples_per_step", integer=True, ge=0)
+        if isinstance(self.wandb, dict):
+            object.__setattr__(self, "wandb", _build(WandbConfig, self.wandb, "metrics.wandb"))
+        require(self, "wandb", self.wandb is None or isinstance(self.wandb, WandbConfig),
+                "a mapping like {project: maze-grpo, mode: offline}, or None")
+        # W&B is an optional dependency: say how to get it before Ray and vLLM start, not after.
+        require(self, "wandb", self.wandb is None or importlib.util.find_spec("wandb") is not None,
+                "set, but the wandb package is not installed: pip install 'grpo[wandb]' (or pip install wandb), "
+                "or remove metrics.wandb")
+
+
+SECTIONS = {
+    "env": EnvConfig, "lora": LoraConfig, "algorithm": AlgorithmConfig, "train": TrainConfig,
+    "rollout": RolloutSection, "eval": EvalConfig, "checkpoint": CheckpointConfig,
+    "cluster": ClusterConfig, "metrics": MetricsConfig, "fault": FaultConfig,
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: str = ""
+    output_dir: str = "runs/grpo"
+    steps: int = 100
+    tasks_per_step: int = 8
+    seed: int = 0
+    train_seed_offset: int = 1_000_000  # training draws task seeds from here on, away from eval seeds
+    adapter: Optional[str] = None       # start from this LoRA adapter folder instead of a fresh one
+    env: EnvConfig = field(default_factory=EnvConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+
+    def __post_init__(self):
+        # Plain dicts (YAML, keyword arguments) become their typed sections, and an env may be just a name.
+        for name, cls in SECTIONS.items():
+            value = getattr(self, name)
+            if name == "env" and isinstance(value, str):
+                value = {"name": value}
+            if isinstance(value, dict):
+                object.__setattr__(self, name, _build(cls, value, name))
+            elif not isinstance(value, cls):
+                raise ConfigError(self, name, value, f"a {cls.__name__} or a mapping of its fields")
+        require(self, "model", isinstance(self.model, str) and bool(self.model),
+                "the path of a local Hugging Face model folder")
+        check_number(self, "steps", integer=True, ge=0)
+        check_number(self, "tasks_per_step", integer=True, ge=1)
+        check_number(self, "seed", integer=True, ge=0)
+        check_number(self, "train_seed_offset", integer=True, ge=0)
+        if self.train.temperature != self.rollout.temperature:
+            raise ConfigError("RunConfig", "train.temperature", self.train.temperature,
+                              f"equal to rollout.temperature ({self.rollout.temperature}): the trainer must score "
+                              "the distribution vLLM sampled from")
+        held_out = set(self.eval_seeds) | set(self.unseen_seeds)
+        require(self, "train_seed_offset", self.train_seed_offset > max(held_out, default=-1),
+                f"larger than every eval seed ({max(held_out, default=-1)}), so training never draws them")
+
+    @property
+    def group_size(self) -> int:
+        return self.algorithm.group_size
+
+    @property
+    def eval_seeds(self) -> list[int]:
+        return parse_seeds(self.eval.seeds)
+
+    @property
+    def unseen_seeds(self) -> list[int]:
+        return parse_seeds(self.eval.unseen_seeds or [])
+
+    def engine_config(self):
+        """The vLLM engine this run asks for: the trainer's rollout workers and grpo.eval start the same."""
+        from rollout.engine import EngineConfig
+
+        r = self.rollout
+        return EngineConfig(model=self.model, dtype=r.dtype, max_model_len=r.max_model_len,
+                            max_lora_rank=self.lora.rank, seed=self.seed, kv_cache_memory_bytes=r.kv_cache_memory_bytes,
+                            gpu_memory_utilization=r.gpu_memory_utilization)
+
+    # ----------------------------------------------------------------------------------------- loading
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunConfig":
+        data = {ALIASES.get(k, k): v for k, v in (data or {}).items()}
+        return _build(cls, data, "")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] = ()) -> "RunConfig":
+        import yaml
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+        data = yaml.load(path.read_text(), Loader=_loader()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the top level must be a mapping of fields, got {type(data).__name__}")
+        apply_overrides(data, overrides)
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict:
+        return _plain(dataclasses.asdict(self))
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> None:
+    """`--algo.clip_high 0.28` or `--algo.clip_high=0.28`: values are read as YAML (numbers, lists, null)."""
+    import yaml
+
+    items = list(overrides)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        if not arg.startswith("--"):
+            raise ValueError(f"override {arg!r} is not of the form --section.field VALUE")
+        if "=" in arg:
+            key, raw = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(items):
+                raise ValueError(f"override {arg} has no value: write {arg} VALUE")
+            key, raw = arg[2:], items[i + 1]
+            i += 2
+        parts = [p.replace("-", "_") for p in key.split(".")]
+        parts[0] = ALIASES.get(parts[0], parts[0])
+        node = data
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override --{key}: {p} is not a section")
+        node[parts[-1]] = yaml.load(raw, Loader=_loader())
+
+
+def _loader():
+    """PyYAML's safe loader, except that `1e-3` is a number (YAML 1.1 wants `1.0e-3` and reads `1e-3` as a
+    string, which every learning rate typed by hand runs into)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+        r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
+    return Loader
+
+
+def _build(cls, data: dict, where: str):
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        section = f"the {where} section" if where else "the run config"
+        raise ConfigError(cls.__name__, unknown[0], data[unknown[0]],
+                          f"not a field of {section}; known fields: {', '.join(sorted(names))}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for k, v in data.items():
+        if isinstance(v, list) and _is_tuple(hints.get(k)):
+            v = tuple(v)
+        kwargs[k] = v
+    return cls(**kwargs)
+
+
+def _is_tuple(hint) -> bool:
+    return hint is tuple or typing.get_origin(hint) is tuple
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

@@ -17,8 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="validate and print the resolved config, then exit")
     args, overrides = ap.parse_known_args(argv)
 
-    from grpo.config import ConfigError
-    from grpo.run_config import RunConfig
+    from grpo.algo.config import ConfigError
+    from grpo.config import RunConfig
 
     try:
         config = RunConfig.from_yaml(args.config, overrides)
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import envs
-    from grpo.trainer import Trainer
+    from grpo.driver.trainer import Trainer
 
     try:
         trainer = Trainer(config)

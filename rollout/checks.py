@@ -2,7 +2,7 @@
 naming the field, the value and what is allowed, not steps later inside a tensor op.
 
 They live here, at the bottom of the package graph, so that `rollout` validates its own config without
-importing `grpo`; `grpo.config` re-exports them for everything above.
+importing `grpo`; `grpo.algo.config` re-exports them for everything above.
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from rollout import runtime
 from rollout.models import check_model_dir, vision_token_ids
-from sync.hotload import HotLoader, LoadedAdapter
-from sync.merged import MergedLoader
+from rollout.hotload import HotLoader, LoadedAdapter
+from rollout.merged import MergedLoader
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class Engine:
         self.start_s = time.perf_counter() - t0
         self.tokenizer = self.llm.get_tokenizer()
         # Image and video markers are never sampled: one emitted by an untrained model would announce an
-        # image that does not exist. The trainer scores the same restricted distribution (grpo.forward).
+        # image that does not exist. The trainer scores the same restricted distribution (grpo.learner.forward).
         self.banned_ids = vision_token_ids(self.tokenizer)
         self.block_size = self.llm.llm_engine.vllm_config.cache_config.block_size
         self.adapters = None

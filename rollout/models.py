@@ -19,7 +19,7 @@ def check_model_dir(model_path: str | Path) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(
             f"model folder {str(path)!r} does not exist: pass the path of a local Hugging Face model folder "
-            "(config.json + weights), e.g. one built by `python -m grpo.tiny_models --out DIR`")
+            "(config.json + weights), e.g. one built by `python -m grpo.tools.tiny_models --out DIR`")
     if not (path / "config.json").is_file():
         raise ValueError(
             f"model folder {str(path)!r} has no config.json, so it is not a Hugging Face model: point the "

@@ -26,7 +26,7 @@ def default_dtype() -> str:
 
 
 def shared_cache_dir(run_dir: str | Path) -> Path:
-    """The cache a training run and `grpo.eval` use: $GRPO_CACHE_DIR, or `.cache` beside the run folder
+    """The cache a training run and `grpo.driver.eval` use: $GRPO_CACHE_DIR, or `.cache` beside the run folder
     (runs/maze -> runs/.cache), so that runs side by side share one. Nothing in it depends on the run:
     vLLM's and torch's compiled kernels (on a GPU; a compiling engine also put torch's 149 MB precompiled
     header in the temp folder, and its first rollout took 85 s in a fresh cache against 8.6 s in a warm one on

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from grpo import tiny_models
+from grpo.tools import tiny_models
 from rollout.conversation import ChatFormat
 from rollout.trajectory import Segment, Trajectory
 from envs.base import Observation

@@ -25,14 +25,14 @@ def session_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_vl(session_dir) -> Path:
-    from grpo import tiny_models
+    from grpo.tools import tiny_models
 
     return tiny_models.build("vl", session_dir / "models" / "tiny-vl", seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_text(session_dir) -> Path:
-    from grpo import tiny_models
+    from grpo.tools import tiny_models
 
     return tiny_models.build("text", session_dir / "models" / "tiny-text", seed=0)
 

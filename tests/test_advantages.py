@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from grpo.advantages import discounted_returns, group_advantages, step_advantages
-from grpo.config import AlgorithmConfig
+from grpo.algo.advantages import discounted_returns, group_advantages, step_advantages
+from grpo.algo.config import AlgorithmConfig
 
 
 def adv(rewards, **config):
@@ -59,7 +59,7 @@ def test_equal_reward_groups_get_exactly_zero_and_can_be_dropped():
 def test_the_trainer_trains_only_the_episodes_of_groups_with_signal_when_asked():
     from types import SimpleNamespace
 
-    from grpo.trainer import Trainer
+    from grpo.driver.trainer import Trainer
 
     trajs = [SimpleNamespace(reward=r) for r in [1, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 1]]
     for drop, kept_expected in [(False, list(range(12))), (True, [0, 1, 2, 3, 8, 9, 10, 11])]:

@@ -3,7 +3,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from grpo.config import AlgorithmConfig, ConfigError, check_choice, check_number, require
+from grpo.algo.config import AlgorithmConfig, ConfigError, check_choice, check_number, require
 
 
 def test_defaults_are_valid():
@@ -53,7 +53,7 @@ def test_seq_sum_norm_needs_its_length():
 
 def test_helpers_serve_other_config_classes():
     @dataclass
-    class LoraSettings:
+    class LoraConfig:
         rank: int = 8
         dropout: float = 0.0
         target: str = "all-linear"
@@ -64,10 +64,10 @@ def test_helpers_serve_other_config_classes():
             check_choice(self, "target", ("all-linear", "attention"))
             require(self, "rank", self.rank % 2 == 0, "an even integer")
 
-    LoraSettings()
-    with pytest.raises(ConfigError, match=r"^LoraSettings\.rank=0 is not allowed: an integer >= 1 \(e\.g\. 8 or 16\)$"):
-        LoraSettings(rank=0)
-    with pytest.raises(ConfigError, match=r"LoraSettings\.rank=3 is not allowed: an even integer"):
-        LoraSettings(rank=3)
-    with pytest.raises(ConfigError, match=r"LoraSettings\.target='mlp' is not allowed: one of 'all-linear', 'attent"):
-        LoraSettings(target="mlp")
+    LoraConfig()
+    with pytest.raises(ConfigError, match=r"^LoraConfig\.rank=0 is not allowed: an integer >= 1 \(e\.g\. 8 or 16\)$"):
+        LoraConfig(rank=0)
+    with pytest.raises(ConfigError, match=r"LoraConfig\.rank=3 is not allowed: an even integer"):
+        LoraConfig(rank=3)
+    with pytest.raises(ConfigError, match=r"LoraConfig\.target='mlp' is not allowed: one of 'all-linear', 'attent"):
+        LoraConfig(target="mlp")

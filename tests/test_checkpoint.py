@@ -1,4 +1,4 @@
-"""Trainer checkpoints (grpo/checkpoint.py through TrainWorker): bitwise resume, what comes back, garbage
+"""Trainer checkpoints (grpo/learner/checkpoint.py through TrainWorker): bitwise resume, what comes back, garbage
 collection, and saves that die halfway."""
 import json
 import subprocess
@@ -11,10 +11,10 @@ import safetensors.torch
 import torch
 
 from _fixtures_train import advantages, dir_listing, max_abs_diff, vl_model, trajectories  # noqa: F401 (fixture)
-from grpo import checkpoint
-from grpo.config import AlgorithmConfig
-from grpo.train_config import TrainConfig
-from grpo.train_worker import TrainWorker
+from grpo.learner import checkpoint
+from grpo.algo.config import AlgorithmConfig
+from grpo.learner.config import TrainConfig
+from grpo.learner.worker import TrainWorker
 
 TRAIN = TrainConfig(lr=1e-2, warmup_steps=2, schedule="cosine", total_steps=5, micro_batch_size=3)
 ALGO = AlgorithmConfig(kl_coef=0.05)
@@ -119,9 +119,9 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import safetensors.torch
     from _fixtures_train import advantages, trajectories
-    from grpo.config import AlgorithmConfig
-    from grpo.train_config import TrainConfig
-    from grpo.train_worker import TrainWorker
+    from grpo.algo.config import AlgorithmConfig
+    from grpo.learner.config import TrainConfig
+    from grpo.learner.worker import TrainWorker
 
     w = TrainWorker({model!r}, algorithm=AlgorithmConfig(kl_coef=0.05), train=TrainConfig(lr=1e-2, micro_batch_size=3))
     batch = (trajectories(w.processor, 5), advantages(5))

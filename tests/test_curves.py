@@ -1,7 +1,7 @@
 """curves.png: the points each panel plots (a pure function, by hand), and what the drawn axes show."""
 import math
 
-from grpo.curves import curve_series, figure, panels, plot_curves
+from grpo.report.curves import curve_series, figure, panels, plot_curves
 
 
 def test_curve_series_by_hand():

@@ -13,13 +13,13 @@ import urllib.request
 import pytest
 
 import grpo
-from grpo.metrics import MetricsSink
+from grpo.report.metrics import MetricsSink
 
 STEPS = 2
 
 
 def _dashboard() -> dict:
-    return json.loads((importlib.resources.files("grpo") / "dashboards" / "grpo.json").read_text())
+    return json.loads((importlib.resources.files("grpo.report") / "dashboards" / "grpo.json").read_text())
 
 
 def _targets(dashboard: dict):

@@ -55,7 +55,7 @@ def test_rows_from_jsonl_and_json_files_and_reward_functions_by_name(tmp_path):
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "d.json").write_text(json.dumps(rows))
     assert load_rows(tmp_path / "d.jsonl") == rows and load_rows(str(tmp_path / "d.json")) == rows
-    # "module:function" strings keep a config serialisable (config.yaml, grpo.eval): built by name, as in YAML.
+    # "module:function" strings keep a config serialisable (config.yaml, grpo.driver.eval): built by name, as in YAML.
     env = envs.make("dataset", data=str(tmp_path / "d.jsonl"), rewards=["test_dataset_env:correct"], weights=[2.0])
     assert env.reset(1).text == "What is 1+3? Answer with a number."
     assert env.step("5").reward == 0.0

@@ -3,9 +3,9 @@ in-process engine against transformers + peft, version after version."""
 import pytest
 import torch
 
-from grpo import forward, lora
+from grpo.learner import forward, lora
 from sync import AdapterStore
-from sync.merged import merged_weights
+from rollout.merged import merged_weights
 
 P = "base_model.model."
 
@@ -59,7 +59,7 @@ def test_merged_engine_matches_peft_version_after_version(tiny_text, tmp_path):
     store = AdapterStore(tmp_path / "store")
     models, versions = [], []
     for seed in (3, 4):
-        model = lora.apply_lora(forward.load_model(tiny_text), lora.LoraSettings(rank=8, alpha=16.0))
+        model = lora.apply_lora(forward.load_model(tiny_text), lora.LoraConfig(rank=8, alpha=16.0))
         lora.randomize_adapter(model, seed=seed)
         versions.append(store.publish(lora.adapter_tensors(model), lora.adapter_config(model)))
         models.append(model.eval())

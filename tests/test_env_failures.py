@@ -197,7 +197,7 @@ def test_broken_reset_fails_in_the_driver_before_ray_starts(tiny_text, tmp_path)
     import ray
 
     from grpo import RunConfig
-    from grpo.trainer import Trainer
+    from grpo.driver.trainer import Trainer
 
     config = RunConfig(model=str(tiny_text), output_dir=str(tmp_path / "run"), steps=1,
                        env={"name": "scripted", "options": {"tag": "driver", "fault": "str", "at": 0,
@@ -210,9 +210,9 @@ def test_broken_reset_fails_in_the_driver_before_ray_starts(tiny_text, tmp_path)
 
 def test_non_finite_loss_is_refused_before_the_optimizer_and_nothing_is_published(tiny_vl, tmp_path):
     from _fixtures_train import max_abs_diff, trajectories
-    from grpo import forward
-    from grpo.train_config import TrainConfig
-    from grpo.train_worker import TrainWorker
+    from grpo.learner import forward
+    from grpo.learner.config import TrainConfig
+    from grpo.learner.worker import TrainWorker
     from sync import AdapterStore
 
     model = str(tiny_vl)

@@ -1,11 +1,11 @@
-"""`python -m grpo.eval`: the figures by hand, and on a real run's folder the trainer's own evals, episode for
+"""`python -m grpo.driver.eval`: the figures by hand, and on a real run's folder the trainer's own evals, episode for
 episode (the maze warm start, a tiny Qwen3-VL: real vLLM, Ray and FSDP)."""
 import json
 from pathlib import Path
 
 import pytest
 
-from grpo.eval import eval_summary, main, resolve
+from grpo.driver.eval import eval_summary, main, resolve
 from rollout.trajectory import RolloutStats, Trajectory
 
 

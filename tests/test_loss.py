@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from grpo.config import AlgorithmConfig
-from grpo.loss import loss_normalizer, merge_metrics, policy_loss
+from grpo.algo.config import AlgorithmConfig
+from grpo.algo.loss import loss_normalizer, merge_metrics, policy_loss
 
 LN2 = math.log(2)
 

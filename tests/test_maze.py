@@ -17,11 +17,11 @@ from envs.maze import (
     expert_action,
     expert_actions,
     generate_maze,
-    main,
     maze_stats,
     shortest_path,
 )
-from envs.maze_render import AGENT, PATH, TARGET, WALL
+from envs.maze.env import main
+from envs.maze.render import AGENT, PATH, TARGET, WALL
 
 STOP = action_text("stop")
 

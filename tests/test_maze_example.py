@@ -7,7 +7,7 @@ import pytest
 from envs.maze import maze_stats
 from examples.maze import maze_config
 from grpo import train
-from grpo.run_config import RunConfig
+from grpo.config import RunConfig
 
 HERE = Path(__file__).resolve().parents[1] / "examples" / "maze"
 

@@ -66,8 +66,8 @@ class _LabelHead(torch.nn.Module):
 
 def test_tower_map_scores_an_oracle_head_one_and_a_constant_head_by_hand(tmp_path):
     from envs.maze import generate_maze, shortest_path
-    from grpo import tiny_models
-    from grpo.forward import load_model, load_processor
+    from grpo.tools import tiny_models
+    from grpo.learner.forward import load_model, load_processor
 
     path = tiny_models.build("vl", tmp_path / "m", seed=0, preset=mc.PRESET)
     model, processor = load_model(path), load_processor(path)
@@ -116,8 +116,8 @@ def test_a_few_steps_learn_save_and_reload_deterministically(tmp_path):
 
 
 def test_the_maze_prompt_is_short_and_one_image_token_per_block(tmp_path):
-    from grpo import tiny_models
-    from grpo.forward import expand, load_processor
+    from grpo.tools import tiny_models
+    from grpo.learner.forward import expand, load_processor
 
     import envs
 
@@ -137,7 +137,7 @@ needs_warmstart = pytest.mark.skipif(not (WARMSTART / "config.json").is_file(),
 
 @needs_warmstart
 def test_shipped_warmstart_matches_its_log():
-    from grpo.forward import load_model, load_processor
+    from grpo.learner.forward import load_model, load_processor
 
     log = _log(WARMSTART)
     result = next(r["result"] for r in log if "result" in r)

@@ -8,10 +8,10 @@ import urllib.request  # noqa: E402
 
 import pytest  # noqa: E402
 
-from grpo.config import ConfigError  # noqa: E402
-from grpo.metrics import MetricsSink, json_safe, prometheus_name  # noqa: E402
-from grpo.run_config import MetricsSection, WandbSettings  # noqa: E402
-from grpo.wandb_sink import resolve_mode  # noqa: E402
+from grpo.algo.config import ConfigError  # noqa: E402
+from grpo.report.metrics import MetricsSink, json_safe, prometheus_name  # noqa: E402
+from grpo.config import MetricsConfig, WandbConfig  # noqa: E402
+from grpo.report.wandb_sink import resolve_mode  # noqa: E402
 
 
 def _free_port() -> int:
@@ -92,24 +92,24 @@ def test_busy_prometheus_port_names_the_setting(tmp_path):
 
 
 def test_wandb_settings_validate():
-    assert WandbSettings(project="maze").mode == "auto"
-    with pytest.raises(ConfigError, match=r"WandbSettings.project=''"):
-        WandbSettings()
-    with pytest.raises(ConfigError, match=r"WandbSettings.mode='cloud'.*'auto', 'online', 'offline'"):
-        WandbSettings(project="maze", mode="cloud")
-    with pytest.raises(ConfigError, match=r"WandbSettings.tags"):
-        WandbSettings(project="maze", tags=[1])
-    with pytest.raises(ConfigError, match=r"WandbSettings.projekt.*known fields"):
-        MetricsSection(wandb={"projekt": "maze"})
-    with pytest.raises(ConfigError, match=r"MetricsSection.wandb='maze'"):
-        MetricsSection(wandb="maze")
-    assert MetricsSection().wandb is None
+    assert WandbConfig(project="maze").mode == "auto"
+    with pytest.raises(ConfigError, match=r"WandbConfig.project=''"):
+        WandbConfig()
+    with pytest.raises(ConfigError, match=r"WandbConfig.mode='cloud'.*'auto', 'online', 'offline'"):
+        WandbConfig(project="maze", mode="cloud")
+    with pytest.raises(ConfigError, match=r"WandbConfig.tags"):
+        WandbConfig(project="maze", tags=[1])
+    with pytest.raises(ConfigError, match=r"WandbConfig.projekt.*known fields"):
+        MetricsConfig(wandb={"projekt": "maze"})
+    with pytest.raises(ConfigError, match=r"MetricsConfig.wandb='maze'"):
+        MetricsConfig(wandb="maze")
+    assert MetricsConfig().wandb is None
 
 
 def test_wandb_missing_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # what importlib sees when wandb is not installed
-    with pytest.raises(ConfigError, match=r"MetricsSection.wandb=.*pip install 'grpo\[wandb\]'"):
-        MetricsSection(wandb={"project": "maze"})
+    with pytest.raises(ConfigError, match=r"MetricsConfig.wandb=.*pip install 'grpo\[wandb\]'"):
+        MetricsConfig(wandb={"project": "maze"})
 
 
 def test_wandb_auto_mode_goes_offline_without_key_or_network(tmp_path):
@@ -140,7 +140,7 @@ def test_wandb_offline_run_stays_in_the_run_folder(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     run = tmp_path / "run"
     run.mkdir()
-    settings = MetricsSection(wandb={"project": "grpo-test", "tags": ["cpu"]}).wandb
+    settings = MetricsConfig(wandb={"project": "grpo-test", "tags": ["cpu"]}).wandb
     sink = MetricsSink(run, tensorboard=False, wandb=settings, run_config={"steps": 2})
     assert sink._wandb.mode == "offline"  # no API key here
     sink.log({"step": 1, "rollout": {"success_rate": 0.25}})

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import grpo
-from grpo.config import ConfigError
-from grpo.fault import ActorFault, ActorStartError, FaultSection, InjectionPlan, parse_fault
-from grpo.metrics import drop_steps_after
+from grpo.algo.config import ConfigError
+from grpo.driver.fault import ActorFault, ActorStartError, FaultConfig, InjectionPlan, parse_fault
+from grpo.report.metrics import drop_steps_after
 
 
 def test_fault_specs_parse_and_fire_once():
@@ -32,12 +32,12 @@ def test_fault_specs_parse_and_fire_once():
 
 
 def test_fault_section_is_validated():
-    assert FaultSection().max_restarts == 3
-    assert FaultSection(inject="kill:rollout@step=1").inject == ("kill:rollout@step=1",)
-    with pytest.raises(ConfigError, match=r"FaultSection\.inject=.*KIND:TARGET"):
-        FaultSection(inject=("kill:rollout@2",))
-    with pytest.raises(ConfigError, match=r"FaultSection\.call_timeout_s=0"):
-        FaultSection(call_timeout_s=0)
+    assert FaultConfig().max_restarts == 3
+    assert FaultConfig(inject="kill:rollout@step=1").inject == ("kill:rollout@step=1",)
+    with pytest.raises(ConfigError, match=r"FaultConfig\.inject=.*KIND:TARGET"):
+        FaultConfig(inject=("kill:rollout@2",))
+    with pytest.raises(ConfigError, match=r"FaultConfig\.call_timeout_s=0"):
+        FaultConfig(call_timeout_s=0)
     cfg = grpo.RunConfig.from_dict({"model": "m", "fault": {"inject": ["hang:rollout@step=3"], "max_restarts": 1}})
     assert cfg.fault.faults == [parse_fault("hang:rollout@step=3")]
     assert "hang:rollout@step=3" in cfg.to_yaml()
@@ -68,7 +68,7 @@ def test_drop_steps_after_keeps_events_and_earlier_steps(tmp_path):
 def test_gather_names_the_dead_and_the_hung_actor_and_lets_a_bug_through(tmp_path):
     import ray
 
-    from grpo.fault import arm, gather
+    from grpo.driver.fault import arm, gather
 
     class _Echo:  # defined here: Ray ships it by value (the tests folder is not importable in a worker)
         def echo(self, x):
@@ -165,7 +165,7 @@ def test_run_recovers_from_a_killed_rollout_worker_a_killed_train_rank_and_a_hun
 
 def test_past_the_restart_limit_the_run_stops_with_the_last_cause(tmp_path, tiny_vl):
     """No Ray needed to see the limit: the recovery path with its restart budget used up."""
-    from grpo.trainer import RunFailedError, Trainer
+    from grpo.driver.trainer import RunFailedError, Trainer
 
     trainer = Trainer(_config(tiny_vl, tmp_path / "run", steps=2, fault={"max_restarts": 0}))
     trainer.restarts, trainer._step, trainer._recovery = 0, 2, None

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo import forward, lora
+from grpo.learner import forward, lora
 from rollout.engine import EngineConfig
 from rollout.worker import RolloutConfig, RolloutWorker, Task
 from sync import AdapterStore
@@ -24,7 +24,7 @@ def ray_rollout(tiny_vl, session_dir):
     # Ray's socket paths must stay short: a folder directly under /tmp, removed at the end.
     ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     store = AdapterStore(session_dir / "rollout-store")
-    model = lora.apply_lora(forward.load_model(tiny_vl), lora.LoraSettings(rank=8, alpha=16.0))
+    model = lora.apply_lora(forward.load_model(tiny_vl), lora.LoraConfig(rank=8, alpha=16.0))
     lora.randomize_adapter(model, seed=3)
     version = store.publish(lora.adapter_tensors(model), lora.adapter_config(model))
     ray.init(num_cpus=2, _temp_dir=ray_tmp, include_dashboard=False, log_to_driver=False)

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from grpo.run_lock import RunLock, RunLockedError
+from grpo.driver.run_lock import RunLock, RunLockedError
 
 _HOLD = """
 import sys, time
-from grpo.run_lock import RunLock
+from grpo.driver.run_lock import RunLock
 RunLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(600)

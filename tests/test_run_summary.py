@@ -2,7 +2,7 @@
 at the first and the last step, on records and episodes whose numbers are counted by hand."""
 import json
 
-from grpo import run_summary
+from grpo.report import summary as run_summary
 from rollout.trajectory import Trajectory
 
 

@@ -5,8 +5,8 @@ import re
 import pytest
 
 from envs.base import Observation
-from grpo.report import step_warnings, summary_rows, table
-from grpo.samples import SampleWriter, decode_episode, pick, reward_components
+from grpo.report.table import step_warnings, summary_rows, table
+from grpo.report.samples import SampleWriter, decode_episode, pick, reward_components
 from rollout.conversation import ChatFormat
 from rollout.trajectory import Segment, Trajectory
 

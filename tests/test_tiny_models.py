@@ -3,7 +3,9 @@ import json
 import pytest
 import torch
 
-from grpo import forward, tiny_models
+from grpo.learner import forward
+
+from grpo.tools import tiny_models
 
 
 def test_same_seed_same_model_and_tokenizer(tmp_path, tiny_vl):

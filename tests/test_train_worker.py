@@ -1,4 +1,4 @@
-"""The trainer (grpo/train_worker.py): config, micro-batching, mini-batches, FSDP on 2 Ray ranks against one
+"""The trainer (grpo/learner/worker.py): config, micro-batching, mini-batches, FSDP on 2 Ray ranks against one
 process, resume on 2 ranks, and the gathered adapter in peft and vLLM."""
 import math
 import random
@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from _fixtures_train import advantages, max_abs_diff, vl_model, trajectories  # noqa: F401 (fixture)
-from grpo import forward
-from grpo.config import AlgorithmConfig, ConfigError
-from grpo.lora import LoraSettings, apply_lora, randomize_adapter
-from grpo.train_config import TrainConfig
-from grpo.train_worker import TrainGroup, TrainWorker
+from grpo.learner import forward
+from grpo.algo.config import AlgorithmConfig, ConfigError
+from grpo.learner.lora import LoraConfig, apply_lora, randomize_adapter
+from grpo.learner.config import TrainConfig
+from grpo.driver.train_group import TrainGroup
+from grpo.learner.worker import TrainWorker
 
 ALGO = AlgorithmConfig(kl_coef=0.1)
 
@@ -27,7 +28,7 @@ def comparable(micro_batch_size: int, **kw) -> TrainConfig:
 @pytest.fixture(scope="module")
 def start_adapter(vl_model, tmp_path_factory) -> str:
     """A random adapter: from peft's (B = 0) every lora_A gradient would be zero on the first step."""
-    model = apply_lora(forward.load_model(vl_model), LoraSettings(rank=4, alpha=8))
+    model = apply_lora(forward.load_model(vl_model), LoraConfig(rank=4, alpha=8))
     randomize_adapter(model, seed=1, scale=0.1)
     path = tmp_path_factory.mktemp("start-adapter")
     model.save_pretrained(path)

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 import grpo
-from grpo.config import ConfigError
+from grpo.algo.config import ConfigError
 
 
 def _config(model, out, steps):
@@ -80,7 +80,7 @@ def test_bad_config_fails_before_ray_starts(tmp_path, tiny_vl):
 
 def test_yaml_overrides_and_dry_run(tmp_path, tiny_vl, capsys):
     from grpo import train
-    from grpo.run_config import RunConfig
+    from grpo.config import RunConfig
 
     path = tmp_path / "c.yaml"
     path.write_text(f"model: {tiny_vl}\nalgorithm: {{group_size: 4}}\nsteps: 5\ntrain: {{lr: 2e-4}}\n")

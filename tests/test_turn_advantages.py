@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from grpo.train_worker import token_advantages
+from grpo.learner.worker import token_advantages
 from rollout.trajectory import Segment, Trajectory
 
 

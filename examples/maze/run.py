@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> dict:
     warmstart = ensure_warmstart()
     config = grpo.RunConfig.from_yaml(HERE / "cpu.yaml", ["--model", str(warmstart)] + overrides)
     summary = grpo.Trainer(config).fit()
-    # fit() printed the before/after table (grpo.report); the example adds its own wall time.
+    # fit() printed the before/after table (grpo.report.table); the example adds its own wall time.
     print(f"make maze wall time (after install): {time.time() - t0:.0f} s")
     print(json.dumps({k: summary.get(k) for k in SHOWN}))
     return summary

@@ -53,8 +53,8 @@ import torch
 import envs
 from envs.base import Observation
 from envs.maze import MazeEnv, action_text, expert_action, generate_maze, shortest_path
-from envs.maze_render import render
-from envs.maze_solver import MOVES, distances_to, next_direction
+from envs.maze.render import render
+from envs.maze.solver import MOVES, distances_to, next_direction
 from examples.maze import maze_config as mc
 
 STOP_CLASS = 4  # block label of the target block; 0-3 are the move directions
@@ -241,7 +241,7 @@ class Encoder:
         return self._targets[action]
 
     def batch(self, samples: list[Sample]):
-        from grpo.forward import collate, expand
+        from grpo.learner.forward import collate, expand
 
         seqs = []
         for s in samples:
@@ -291,7 +291,7 @@ def aux_loss(head, vision: torch.Tensor, samples: list[Sample]) -> torch.Tensor:
 def loss_and_accuracy(model, enc: Encoder, samples: list[Sample], aux_head=None):
     """(the action's mean token NLL, the share of samples whose every target token is the argmax, i.e.
     what greedy decoding reproduces, and the vision tower's auxiliary loss or None)."""
-    from grpo.forward import token_logprobs
+    from grpo.learner.forward import token_logprobs
 
     batch = enc.batch(samples)
     mask = batch.per_token[0]
@@ -318,7 +318,7 @@ def state_accuracy(model, enc: Encoder, samples: list[Sample], chunk: int = 64) 
 # ------------------------------------------------------------------------------------ greedy episodes
 def greedy_replies(model, enc: Encoder, samples: list[Sample], max_new_tokens: int) -> list[str]:
     """Greedy replies to a batch of turns, the vision placeholders banned as vLLM's rollouts ban them."""
-    from grpo.forward import expand
+    from grpo.learner.forward import expand
 
     seqs = [expand(enc.processor, enc.prompt(s.text), [s.image]) for s in samples]
     width = max(len(s.input_ids) for s in seqs)
@@ -470,8 +470,8 @@ def _log(fh, record: dict, echo: bool = True) -> None:
 
 def train(cfg: SFTConfig) -> dict:
     """Train, evaluate on the way, keep the checkpoint that lands in the band, save it to `cfg.out`."""
-    from grpo import tiny_models
-    from grpo.forward import load_model, load_processor
+    from grpo.tools import tiny_models
+    from grpo.learner.forward import load_model, load_processor
 
     t0 = time.perf_counter()
     torch.set_num_threads(cfg.threads)

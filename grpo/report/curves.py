@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from grpo.metrics import read_metrics
+from grpo.report.metrics import read_metrics
 
 # (title, keys drawn together, how): "lines" shares one axis, "stack" stacks the parts of a whole as bars, "log" is a
 # log axis for small positive numbers (the mismatch: 3e-10 of noise must not look like a spike).

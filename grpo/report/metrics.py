@@ -1,5 +1,5 @@
 """Where a run's numbers go: metrics.jsonl (one line a step), TensorBoard, a Prometheus endpoint (the PNG
-curves: grpo.curves)."""
+curves: grpo.report.curves)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ class MetricsSink:
     - Steps: every finite number is a TensorBoard scalar and a W&B value under its key path
       (`rollout/success_rate`), and a Prometheus gauge `grpo_` + that path with non-alphanumerics as `_`
       (`grpo_rollout_success_rate`, `grpo_time_step_s`, `grpo_adapter_version`). The packaged Grafana
-      dashboard (grpo/dashboards/grpo.json) queries these names: keep them stable.
+      dashboard (grpo/report/dashboards/grpo.json) queries these names: keep them stable.
     - Events are counted, not plotted as steps: Prometheus counter `grpo_<event>s_total`
       (`grpo_restarts_total`, served from 0 from the start), and the running count as the TensorBoard scalar
       `<event>s` at the event's step (in W&B: with the next step's row). Counts include the events already in
@@ -37,7 +37,7 @@ class MetricsSink:
 
             self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
         if wandb is not None:
-            from grpo.wandb_sink import WandbSink
+            from grpo.report.wandb_sink import WandbSink
 
             self._wandb = WandbSink(wandb, self.run_dir, run_config)
 

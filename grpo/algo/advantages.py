@@ -6,7 +6,7 @@ from typing import Hashable, Sequence
 
 import torch
 
-from grpo.config import AlgorithmConfig
+from grpo.algo.config import AlgorithmConfig
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo import dist
+from grpo.learner import dist
 from sync.atomic import atomic_write, fsync_dir, remove_tree, write_new_file
 
 MARKER = "latest.json"

@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from grpo.config import AlgorithmConfig
+from grpo.algo.config import AlgorithmConfig
 
 # exp(20) ~ 5e8, far outside any clip range: the clamp only stops a stray logprob from overflowing to inf.
 _MAX_LOG_RATIO = 20.0

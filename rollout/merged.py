@@ -15,7 +15,7 @@ import itertools
 import json
 from pathlib import Path
 
-from sync.hotload import LoadedAdapter, checked_adapter_dir
+from rollout.hotload import LoadedAdapter, checked_adapter_dir
 
 _PEFT_PREFIX = "base_model.model."
 

@@ -1,6 +1,6 @@
 """Proves the stack on this machine: the first thing to run on a new one.
 
-    python -m grpo.doctor [--json] [--model PATH] [--run-dir runs/doctor]
+    python -m grpo.tools.doctor [--json] [--model PATH] [--run-dir runs/doctor]
 
 Starts vLLM with LoRA on a vision-language model (the tiny Qwen3-VL unless --model is given), generates
 from an image prompt with a published adapter and compares vLLM's per-token logprobs with transformers +
@@ -37,7 +37,7 @@ def _hf_logprobs(model_path, adapter_path, processor, prompt_ids, images, gen_id
     import torch
     from peft import PeftModel
 
-    from grpo import forward
+    from grpo.learner import forward
 
     base = forward.load_model(model_path)
     model = PeftModel.from_pretrained(base, adapter_path).eval()
@@ -58,7 +58,7 @@ def _max_diff(a: list[float], b: list[float]) -> float:
 
 
 def _image_prompt(processor, text: str, image_count: int) -> list[int]:
-    from grpo import forward
+    from grpo.learner import forward
 
     content = [{"type": "image"}] * image_count + [{"type": "text", "text": text}]
     rendered = processor.apply_chat_template([{"role": "user", "content": content}],
@@ -83,7 +83,8 @@ def run(model_path: str | None, run_dir: Path, log) -> dict:
     log(f"versions: {report['versions']}  device: {report['device']}")
 
     from envs import make
-    from grpo import forward, lora, tiny_models
+    from grpo.learner import forward, lora
+    from grpo.tools import tiny_models
     from rollout.engine import Engine, EngineConfig, Sampling
     from sync import AdapterStore
 
@@ -99,7 +100,7 @@ def run(model_path: str | None, run_dir: Path, log) -> dict:
                               "token): the doctor proves the image path; pass --model a Qwen-VL folder"]
         return report
 
-    settings = lora.LoraSettings(rank=8, alpha=16.0)
+    settings = lora.LoraConfig(rank=8, alpha=16.0)
     store = AdapterStore(run_dir / "store", keep_last=2)
 
     def publish(seed: int) -> int:
@@ -160,7 +161,7 @@ def run(model_path: str | None, run_dir: Path, log) -> dict:
         problems.append(
             "hot-loading a new adapter version did not switch vLLM to it "
             f"({report['hotload']}): a stale adapter or stale prefix-cache blocks are served; every version "
-            "needs a new LoRA name and id (sync.hotload.HotLoader)")
+            "needs a new LoRA name and id (rollout.hotload.HotLoader)")
     report["problems"] = problems
     return report
 

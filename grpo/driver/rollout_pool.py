@@ -1,11 +1,11 @@
 """The driver's handle on the rollout workers: Ray actors, one vLLM engine each, fed slices of a batch.
 
-Every call waits at most `call_timeout_s`; a worker that died or did not answer raises grpo.fault.ActorFault."""
+Every call waits at most `call_timeout_s`; a worker that died or did not answer raises grpo.driver.fault.ActorFault."""
 from __future__ import annotations
 
 import os
 
-from grpo.fault import Fault, arm, gather
+from grpo.driver.fault import Fault, arm, gather
 from rollout.engine import EngineConfig
 from rollout.trajectory import RolloutStats, Trajectory
 from rollout.worker import RolloutConfig, RolloutWorker, Task
@@ -54,7 +54,7 @@ class RolloutPool:
     def rollout(self, tasks: list[Task], group_size: int, config: RolloutConfig, greedy: bool = False,
                 faults: list[Fault] = ()) -> tuple[list[Trajectory], RolloutStats]:
         """Tasks split into contiguous slices, one per worker; group ids renumbered batch-wide. `faults`
-        (injected, grpo.fault) fire in the named workers during this call."""
+        (injected, grpo.driver.fault) fire in the named workers during this call."""
         n = len(self.workers)
         for f in faults:
             arm(self.workers[f.index], f)

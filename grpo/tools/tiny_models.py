@@ -5,7 +5,7 @@ family) and a Qwen3 text model, each saved with `save_pretrained` next to a byte
 offline and a chat template. Everything downstream loads them by path, exactly as it would load a real
 checkpoint such as Qwen3-VL-8B.
 
-    python -m grpo.tiny_models --kind vl --out runs/models/tiny-vl [--seed 0] [--preset tiny]
+    python -m grpo.tools.tiny_models --kind vl --out runs/models/tiny-vl [--seed 0] [--preset tiny]
 """
 from __future__ import annotations
 

@@ -6,13 +6,11 @@ Pillow version: the same state gives the same image on every machine.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
 
-if TYPE_CHECKING:
-    from envs.maze import Maze
+from envs.maze.layout import Maze
 
 WALL = (128, 128, 128)
 PATH = (255, 255, 255)

@@ -1,8 +1,8 @@
 """The trainer: LoRA on a frozen base model, sharded with FSDP2 over ranks, one GRPO update per batch.
 
 `TrainWorker` is one rank, a plain class: use it in-process with world_size=1 (nothing to shard, no
-process group) or as a Ray actor per rank; `TrainGroup` starts `world_size` such actors and forms their
-process group (gloo on CPU, NCCL on GPU).
+process group) or as a Ray actor per rank; grpo.driver.train_group starts `world_size` such actors and
+forms their process group (gloo on CPU, NCCL on GPU).
 
 Every rank receives the whole batch and deals itself its share of the segments by the same rule, so the
 batch-level loss normaliser, the number of forward passes per rank (FSDP's collectives need the same
@@ -20,11 +20,11 @@ from typing import Any, Sequence
 
 import torch
 
-from grpo import checkpoint, dist, forward
-from grpo.config import AlgorithmConfig
-from grpo.lora import LoraSettings, adapter_config, adapter_tensors, apply_lora
-from grpo.loss import LossOutput, loss_normalizer, policy_loss
-from grpo.train_config import TrainConfig
+from grpo.learner import checkpoint, dist, forward
+from grpo.algo.config import AlgorithmConfig
+from grpo.learner.lora import LoraConfig, adapter_config, adapter_tensors, apply_lora
+from grpo.algo.loss import LossOutput, loss_normalizer, policy_loss
+from grpo.learner.config import TrainConfig
 from rollout import runtime
 
 
@@ -72,14 +72,14 @@ class TrainWorker:
     """One trainer rank. With world_size > 1 call `setup(master_addr, master_port)` on every rank, at
     the same time, before training (`TrainGroup` does); with world_size=1 the constructor does it."""
 
-    def __init__(self, model_path: str, *, lora: LoraSettings | None = None,
+    def __init__(self, model_path: str, *, lora: LoraConfig | None = None,
                  algorithm: AlgorithmConfig | None = None, train: TrainConfig | None = None,
                  adapter_path: str | None = None, rank: int = 0, world_size: int = 1, dtype: str = "auto",
                  cpu_threads: int | None = None):
         if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
             raise ValueError(f"rank must be in [0, world_size) with world_size >= 1, got rank={rank}, "
                              f"world_size={world_size}")
-        self.lora = lora or LoraSettings()
+        self.lora = lora or LoraConfig()
         self.algorithm = algorithm or AlgorithmConfig()
         self.train = train or TrainConfig()
         self.rank, self.world_size = rank, world_size
@@ -410,121 +410,6 @@ class TrainWorker:
         self.adapter_version = saved["adapter_version"]
         return {"step": info.step, "path": info.path, "adapter_version": saved["adapter_version"],
                 "data_cursor": saved["data_cursor"], "state": saved["state"]}
-
-
-class TrainGroup:
-    """`world_size` TrainWorker Ray actors in one process group, driven from this process.
-
-    Needs `ray.init` first. Each rank gets a placement-group bundle of `cpus_per_rank` CPUs, the custom
-    `resources` given and, when the cluster has GPUs (or `gpus_per_rank` says so), one GPU; PACK keeps the
-    ranks on as few nodes as fit. Starting waits at most `start_timeout_s`, every later call at most
-    `call_timeout_s`; a rank that died or did not answer raises grpo.fault.ActorFault.
-    """
-
-    def __init__(self, model_path: str, world_size: int = 2, *, lora: LoraSettings | None = None,
-                 algorithm: AlgorithmConfig | None = None, train: TrainConfig | None = None,
-                 adapter_path: str | None = None, dtype: str = "auto", cpus_per_rank: float = 1,
-                 gpus_per_rank: float | None = None, resources: dict | None = None, start_timeout_s: float = 600,
-                 call_timeout_s: float = 1800):
-        import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from grpo.fault import ActorFault, gather
-
-        if gpus_per_rank is None:
-            gpus_per_rank = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        bundle = {"CPU": cpus_per_rank, **({"GPU": gpus_per_rank} if gpus_per_rank else {}), **(resources or {})}
-        self.world_size = world_size
-        self.step = 0
-        self.call_timeout_s = call_timeout_s
-        self.workers: list = []
-        self._pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
-        try:
-            ready, _ = ray.wait([self._pg.ready()], timeout=start_timeout_s)
-            if not ready:
-                raise ActorFault("train ranks", f"no room for {world_size} x {bundle} within {start_timeout_s:g} s "
-                                 "(fault.start_timeout_s)")
-            actor = ray.remote(TrainWorker)
-            self.workers = [
-                actor.options(num_cpus=cpus_per_rank, num_gpus=gpus_per_rank, resources=dict(resources or {}),
-                              scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, r)).remote(
-                    model_path, lora=lora, algorithm=algorithm, train=train, adapter_path=adapter_path,
-                    rank=r, world_size=world_size, dtype=dtype)
-                for r in range(world_size)
-            ]
-            # With one rank the worker sets itself up (no process group to form).
-            if world_size > 1:
-                addr, port = gather([("train_rank-0", self.workers[0].rendezvous_address.remote())],
-                                    start_timeout_s, "starting the train ranks")[0]
-                gather(self._named([w.setup.remote(addr, port) for w in self.workers]), start_timeout_s,
-                       "forming the train ranks' process group")
-            else:
-                gather(self._named([self.workers[0].__ray_ready__.remote()]), start_timeout_s, "starting the train rank")
-        except BaseException:
-            self.shutdown()
-            raise
-
-    def _named(self, refs: list) -> list:
-        return [(f"train_rank-{r}", ref) for r, ref in enumerate(refs)]
-
-    def _all(self, method: str, *args, **kwargs) -> list:
-        from grpo.fault import gather
-
-        return gather(self._named([getattr(w, method).remote(*args, **kwargs) for w in self.workers]),
-                      self.call_timeout_s, method)
-
-    def train_step(self, trajectories: Sequence, advantages, faults: Sequence = ()) -> dict[str, float]:
-        """One step on every rank; `faults` (injected, grpo.fault) fire in the named ranks during it."""
-        import ray
-
-        from grpo.fault import arm
-
-        if torch.is_tensor(advantages):
-            advantages = advantages.tolist()
-        for f in faults:
-            arm(self.workers[f.index], f)
-        # One copy in the object store, read by every rank.
-        metrics = self._all("train_step", ray.put(list(trajectories)), ray.put(list(advantages)))[0]
-        self.step = int(metrics["step"])
-        return metrics
-
-    def gather_adapter(self) -> dict[str, torch.Tensor]:
-        return self._all("gather_adapter")[0]
-
-    def publish(self, store_root: str) -> int:
-        return self._all("publish", os.fspath(store_root))[0]
-
-    def gather_state(self) -> dict[str, Any]:
-        return self._all("gather_state")[0]
-
-    def save_checkpoint(self, root: str, *, data_cursor: Any = None, state: dict | None = None,
-                        keep_last: int = 2) -> str:
-        """As TrainWorker.save_checkpoint, plus this (driver) process's random state."""
-        wrapped = {"driver_rng": checkpoint.rng_state(), "state": state}
-        return self._all("save_checkpoint", os.fspath(root), data_cursor=data_cursor, state=wrapped,
-                         keep_last=keep_last)[0]
-
-    def load_checkpoint(self, root: str) -> dict[str, Any] | None:
-        resumed = self._all("load_checkpoint", os.fspath(root))[0]
-        if resumed is None:
-            return None
-        checkpoint.set_rng_state(resumed["state"]["driver_rng"])
-        resumed["state"] = resumed["state"]["state"]
-        self.step = resumed["step"]
-        return resumed
-
-    def shutdown(self) -> None:
-        """Kill the actors and free their placement group; safe to call twice."""
-        import ray
-        from ray.util.placement_group import remove_placement_group
-
-        for w in self.workers:
-            ray.kill(w)
-        self.workers = []
-        if self._pg is not None:
-            remove_placement_group(self._pg)
-            self._pg = None
 
 
 def _split(n: int, parts: int, seed: int) -> list[list[int]]:

@@ -1,11 +1,11 @@
-"""The optimiser's and the update loop's settings (grpo.train_worker), validated when built."""
+"""The optimiser's and the update loop's settings (grpo.learner.worker), validated when built."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Optional
 
-from grpo.config import check_choice, check_number, require
+from grpo.algo.config import check_choice, check_number, require
 
 
 @dataclass(frozen=True)

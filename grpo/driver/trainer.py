@@ -7,9 +7,9 @@ One step: sample tasks -> rollouts with adapter v -> group advantages -> train s
 hot-load v+1 -> metrics -> checkpoint -> periodic eval. Kill it anywhere: the next fit() on the same
 output_dir resumes from the last complete checkpoint, and the last published adapter stays readable.
 
-A rollout worker or train rank that dies or stops answering mid-run (grpo.fault) does not end the run:
+A rollout worker or train rank that dies or stops answering mid-run (grpo.driver.fault) does not end the run:
 the step is torn down, fresh actors restore the last checkpoint and the run goes on, up to
-`fault.max_restarts` times. One run per output_dir (grpo.run_lock).
+`fault.max_restarts` times. One run per output_dir (grpo.driver.run_lock).
 """
 from __future__ import annotations
 
@@ -25,17 +25,19 @@ from pathlib import Path
 
 import torch
 
-from grpo import checkpoint, run_summary
-from grpo.advantages import group_advantages, step_advantages
-from grpo.curves import plot_curves
-from grpo.eval import eval_summary
-from grpo.report import step_warnings, summary_rows, table
-from grpo.samples import SampleWriter, pick, reward_components
-from grpo.config import ConfigError
-from grpo.fault import ActorFault, InjectionPlan
-from grpo.metrics import MetricsSink, drop_steps_after, json_safe
-from grpo.run_config import RunConfig
-from grpo.run_lock import RunLock
+from grpo.learner import checkpoint
+
+from grpo.report import summary as run_summary
+from grpo.algo.advantages import group_advantages, step_advantages
+from grpo.report.curves import plot_curves
+from grpo.driver.eval import eval_summary
+from grpo.report.table import step_warnings, summary_rows, table
+from grpo.report.samples import SampleWriter, pick, reward_components
+from grpo.algo.config import ConfigError
+from grpo.driver.fault import ActorFault, InjectionPlan
+from grpo.report.metrics import MetricsSink, drop_steps_after, json_safe
+from grpo.config import RunConfig
+from grpo.driver.run_lock import RunLock
 from rollout import runtime
 from rollout.worker import Task
 
@@ -72,7 +74,7 @@ class Trainer:
     def _check_before_starting(self) -> None:
         """Everything that can be checked without Ray: a mistake here costs seconds, not a cluster start."""
         import envs
-        from grpo.forward import check_model_dir
+        from grpo.learner.forward import check_model_dir
 
         check_model_dir(self.config.model)
         if self.config.adapter is not None and not (Path(self.config.adapter) / "adapter_config.json").is_file():
@@ -348,13 +350,13 @@ class Trainer:
         """Rollout workers and train ranks, fresh: at the start and after every fault."""
         import ray
 
-        from grpo.rollout_pool import RolloutPool
-        from grpo.train_worker import TrainGroup
+        from grpo.driver.rollout_pool import RolloutPool
+        from grpo.driver.train_group import TrainGroup
 
         cfg, c, f = self.config, self.config.cluster, self.config.fault
         gpus = ray.cluster_resources().get("GPU", 0) > 0
         share = 0.5 if (gpus and c.colocate) else (1.0 if gpus else 0.0)
-        engine = engine_config(cfg)
+        engine = cfg.engine_config()
         self.pool = RolloutPool(engine, self.store_root, str(self.run_dir), c.rollout_workers, share,
                                 resources=c.rollout_resources, call_timeout_s=f.call_timeout_s,
                                 env_names=[cfg.env.name])
@@ -408,16 +410,6 @@ def _exit_on_sigterm():
 
 def _mean_abs(values: list[float]) -> float:
     return sum(abs(v) for v in values) / len(values) if values else 0.0
-
-
-def engine_config(cfg: RunConfig):
-    """The vLLM engine a run's config asks for: the trainer's rollout workers and grpo.eval start the same."""
-    from rollout.engine import EngineConfig
-
-    r = cfg.rollout
-    return EngineConfig(model=cfg.model, dtype=r.dtype, max_model_len=r.max_model_len, max_lora_rank=cfg.lora.rank,
-                        seed=cfg.seed, kv_cache_memory_bytes=r.kv_cache_memory_bytes,
-                        gpu_memory_utilization=r.gpu_memory_utilization)
 
 
 def rstats_version(trajs) -> int:

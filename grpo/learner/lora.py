@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.config import check_number, require
+from grpo.algo.config import check_number, require
 
 # Projection names of Qwen-family decoder layers. The Qwen-VL vision blocks name theirs qkv, proj and
 # linear_fc*, so these names put LoRA on the language model only, which is what vLLM serves adapters for.
@@ -13,7 +13,7 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 
 @dataclass(frozen=True)
-class LoraSettings:
+class LoraConfig:
     rank: int = 32
     alpha: float = 64.0
     dropout: float = 0.0
@@ -33,7 +33,7 @@ class LoraSettings:
                           target_modules=list(self.target_modules), bias="none")
 
 
-def apply_lora(model, settings: LoraSettings):
+def apply_lora(model, settings: LoraConfig):
     """Wrap `model` with a fresh adapter; every base weight is frozen, only LoRA weights train."""
     from peft import get_peft_model
 

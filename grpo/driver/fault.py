@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from grpo.config import ConfigError, check_number
+from grpo.algo.config import ConfigError, check_number
 
 KINDS = ("kill", "hang")
 TARGETS = ("rollout", "train_rank")
@@ -60,11 +60,11 @@ def parse_fault(spec: str) -> Fault:
 
 
 @dataclass(frozen=True)
-class FaultSection:
+class FaultConfig:
     max_restarts: int = 3             # recoveries allowed per fit(); past it the run stops with the last cause
     call_timeout_s: float = 1800.0    # deadline on each call the driver makes to actors during a step
     start_timeout_s: float = 900.0    # deadline for actors to start (placement, model load, process group)
-    inject: tuple = ()                # faults to fire, e.g. ("kill:rollout@step=2",); see grpo/fault.py
+    inject: tuple = ()                # faults to fire, e.g. ("kill:rollout@step=2",); see grpo/driver/fault.py
 
     def __post_init__(self):
         check_number(self, "max_restarts", integer=True, ge=0)

@@ -2,15 +2,9 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-if TYPE_CHECKING:
-    from envs.maze import Maze
-
-Cell = tuple[int, int]  # (row, col) of a block; row 0 is the top
-
-# Direction d -> (d_row, d_col): 0 right, 1 up, 2 left, 3 down, as in the action text ('move', d).
-MOVES: dict[int, Cell] = {0: (0, 1), 1: (-1, 0), 2: (0, -1), 3: (1, 0)}
+from envs.maze.layout import MOVES, Cell, Maze
 
 
 def distances_to(maze: Maze, goal: Cell) -> dict[Cell, int]:

@@ -1,9 +1,9 @@
-"""Evaluate an adapter: `python -m grpo.eval RUN_OR_ADAPTER [--seeds 0-63] [--samples K] [--base] ...`.
+"""Evaluate an adapter: `python -m grpo.driver.eval RUN_OR_ADAPTER [--seeds 0-63] [--samples K] [--base] ...`.
 
-    python -m grpo.eval runs/maze                    # the adapter the run ended with, on its eval seeds
-    python -m grpo.eval runs/maze --base             # the starting point, on the same seeds
-    python -m grpo.eval runs/maze --seeds 10000-10063 --samples 8   # pass@8 at the run's temperature
-    python -m grpo.eval ADAPTER_DIR --model MODEL --env maze --options '{"size": 9}'
+    python -m grpo.driver.eval runs/maze                    # the adapter the run ended with, on its eval seeds
+    python -m grpo.driver.eval runs/maze --base             # the starting point, on the same seeds
+    python -m grpo.driver.eval runs/maze --seeds 10000-10063 --samples 8   # pass@8 at the run's temperature
+    python -m grpo.driver.eval ADAPTER_DIR --model MODEL --env maze --options '{"size": 9}'
 
 A run folder brings everything from its config.yaml (env and options, rollout settings, engine settings,
 seed), so the numbers equal the trainer's own evals on the same seeds: the same in-process rollout worker
@@ -23,7 +23,7 @@ from pathlib import Path
 def eval_summary(trajs, stats, samples: int = 1) -> dict:
     """The figures of an eval (the trainer's evals and this command's): success over episodes, and with
     `samples` episodes a seed, pass@k (the share of seeds with at least one success)."""
-    from grpo.samples import reward_components
+    from grpo.report.samples import reward_components
 
     out = {"success_rate": stats.success_rate, "mean_reward": stats.mean_reward, "mean_turns": stats.mean_turns,
            "stop_reasons": dict(stats.stop_reasons), "episodes": stats.episodes,
@@ -41,7 +41,7 @@ def eval_summary(trajs, stats, samples: int = 1) -> dict:
 def resolve(target: str, model: str | None = None, adapter: str | None = None, base: bool = False,
             overrides: list[str] = ()) -> tuple:
     """(RunConfig, adapter folder or None, run folder or None) for a run folder or an adapter folder."""
-    from grpo.run_config import RunConfig, apply_overrides
+    from grpo.config import RunConfig, apply_overrides
 
     path = Path(target)
     run_dir = path if (path / "config.yaml").is_file() else None
@@ -78,7 +78,7 @@ def _final_adapter(run_dir: Path) -> str:
     if latest is None:
         raise FileNotFoundError(f"{run_dir} has no summary.json and no published adapter: the run never finished "
                                 "a step; evaluate the starting point with --base")
-    print(f"[grpo.eval] {run_dir} has no summary.json (unfinished run): its latest adapter, v{latest.version:06d}",
+    print(f"[grpo.driver.eval] {run_dir} has no summary.json (unfinished run): its latest adapter, v{latest.version:06d}",
           file=sys.stderr)
     return latest.path
 
@@ -91,11 +91,10 @@ def evaluate(cfg, adapter: str | None, seeds: list[int], samples: int = 1, home:
 
     home = Path(home) if home is not None else Path.cwd()
     runtime.configure(home, runtime.shared_cache_dir(home))
-    from grpo.samples import SampleWriter
-    from grpo.trainer import engine_config
+    from grpo.report.samples import SampleWriter
     from rollout.worker import RolloutWorker, Task
 
-    worker = RolloutWorker(engine_config(cfg))
+    worker = RolloutWorker(cfg.engine_config())
     try:
         if adapter is not None:
             worker.engine.load_adapter(_version_of(adapter), adapter)
@@ -117,7 +116,7 @@ def evaluate(cfg, adapter: str | None, seeds: list[int], samples: int = 1, home:
 def _rollout_like_the_pool(worker, tasks, samples: int, cfg):
     """The trainer's RolloutPool hands each of its workers a contiguous slice of the seeds, one rollout call
     each: the same slices, one after another here, so every engine call batches the same episodes."""
-    from grpo.rollout_pool import merge_stats
+    from grpo.driver.rollout_pool import merge_stats
 
     n = cfg.cluster.rollout_workers
     bounds = [len(tasks) * k // n for k in range(n + 1)]
@@ -155,7 +154,7 @@ def rows(result: dict, cfg, seeds: list[int]) -> list[tuple[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m grpo.eval", description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="python -m grpo.driver.eval", description=__doc__.splitlines()[0],
                                  epilog="config overrides: --rollout.max_tokens_per_turn 16 --env.options '{size: 7}'")
     ap.add_argument("target", help="a run folder (its config.yaml) or a LoRA adapter folder")
     ap.add_argument("--seeds", help="e.g. 0-63 or 0-3,10 (default: the run's eval.seeds)")
@@ -174,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import importlib
 
-    from grpo.config import ConfigError
-    from grpo.run_config import parse_seeds
+    from grpo.algo.config import ConfigError
+    from grpo.config import parse_seeds
 
     if args.samples < 1:
         ap.error(f"--samples {args.samples}: give 1 (greedy) or more episodes a seed")
@@ -192,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg, adapter, run_dir = resolve(args.target, args.model, args.adapter, args.base, overrides)
         seeds = parse_seeds(args.seeds) if args.seeds else cfg.eval_seeds
     except (ConfigError, ValueError, FileNotFoundError) as e:
-        print(f"grpo.eval: {e}", file=sys.stderr)
+        print(f"grpo.driver.eval: {e}", file=sys.stderr)
         return 2
     tag = "base" if adapter is None else Path(adapter).name
     # One file per question asked: another seed set or sampling does not overwrite the greedy eval's file.
@@ -203,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     home = run_dir if run_dir is not None else Path.cwd()
     out = Path(args.out) if args.out else home / "eval" / f"{tag}.jsonl"
     result = evaluate(cfg, adapter, seeds, args.samples, home, out)
-    from grpo.report import table
+    from grpo.report.table import table
 
     print(table(rows(result, cfg, seeds)))
     print(json.dumps(result))

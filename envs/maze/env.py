@@ -12,24 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import operator
-import random
 import re
 import statistics
 from collections import Counter
-from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
 from PIL import Image
 
 from envs.base import Env, Observation, StepResult
-from envs.maze_render import render
-from envs.maze_solver import MOVES, Cell, distances_to, next_direction, shortest_path
-
-__all__ = [
-    "DEFAULT_MAX_TURNS", "DEFAULT_SIZE", "EVAL_SEEDS", "Maze", "MazeEnv", "action_text", "expert_action",
-    "expert_actions", "generate_maze", "maze_stats", "parse_action", "shortest_path",
-]
+from envs.maze.layout import MOVES, Cell, Maze, check_size, generate_maze
+from envs.maze.render import render
+from envs.maze.solver import distances_to, next_direction, shortest_path
 
 EVAL_SEEDS = range(64)
 DEFAULT_SIZE = 9  # VisGym's "easy": 4 x 4 cells inside the border walls
@@ -69,61 +62,6 @@ def action_text(kind_or_dir: Union[int, str]) -> str:
     raise ValueError(f"action must be a direction 0-3 (0 right, 1 up, 2 left, 3 down) or 'stop', got {kind_or_dir!r}")
 
 
-@dataclass(frozen=True)
-class Maze:
-    """A layout: `rows` of '#' (wall) and '.' (path) blocks, and the agent's start and target blocks."""
-
-    rows: tuple[str, ...]
-    start: Cell
-    target: Cell
-
-    @property
-    def size(self) -> int:
-        return len(self.rows)
-
-    def is_open(self, block: Cell) -> bool:
-        row, col = block
-        return 0 <= row < self.size and 0 <= col < self.size and self.rows[row][col] == "."
-
-    def ascii(self, agent: Optional[Cell] = None) -> str:
-        """The layout as text, 'A' the agent (default: at the start) and 'T' the target."""
-        agent = self.start if agent is None else agent
-        grid = [list(row) for row in self.rows]
-        grid[self.target[0]][self.target[1]] = "T"
-        grid[agent[0]][agent[1]] = "A"
-        return "\n".join("".join(row) for row in grid)
-
-
-def generate_maze(size: int, seed: int) -> Maze:
-    """Wilson's algorithm on the ((size - 1) / 2)^2 cells at odd block coordinates, then a corner pair."""
-    _check_size(size)
-    rng = random.Random(operator.index(seed))  # an int (numpy's too): other types would seed differently
-    n = (size - 1) // 2
-    cells = [(r, c) for r in range(n) for c in range(n)]
-    open_blocks = {(2 * r + 1, 2 * c + 1) for r, c in cells}
-    in_tree = {rng.choice(cells)}
-    for cell in cells:
-        # A random walk from `cell` until it meets the tree; keeping only the last exit from each visited
-        # cell erases the walk's loops, and loop-erased walks are what make the spanning tree uniform.
-        exit_to = {}
-        current = cell
-        while current not in in_tree:
-            r, c = current
-            neighbours = [(r + dr, c + dc) for dr, dc in MOVES.values() if 0 <= r + dr < n and 0 <= c + dc < n]
-            exit_to[current] = rng.choice(neighbours)
-            current = exit_to[current]
-        current = cell
-        while current not in in_tree:
-            in_tree.add(current)
-            (r, c), (r2, c2) = current, exit_to[current]
-            open_blocks.add((r + r2 + 1, c + c2 + 1))  # the wall block between the two cells
-            current = (r2, c2)
-    rows = tuple("".join("." if (r, c) in open_blocks else "#" for c in range(size)) for r in range(size))
-    corners = [(1, 1), (1, size - 2), (size - 2, size - 2), (size - 2, 1)]
-    k = rng.randrange(4)
-    return Maze(rows=rows, start=corners[k], target=corners[(k + 2) % 4])
-
-
 def expert_actions(maze: Maze, start: Optional[Cell] = None) -> list[str]:
     """The shortest solution from `start` (default: the maze's start) as action texts, ending with stop."""
     path = shortest_path(maze, start)
@@ -156,7 +94,7 @@ class MazeEnv(Env):
         progress_reward: float = 0.0,
         keep_images: bool = False,  # the latest image shows the whole state; older ones only cost tokens
     ):
-        _check_size(size)
+        check_size(size)
         _check_int("cell_px", cell_px, 4, "e.g. 32: one vision token per block after a 2 x 2 merge of 16 px patches")
         _check_int("max_turns", max_turns, 1, "the final stop counts as a turn")
         if isinstance(format_reward, bool) or not isinstance(format_reward, (int, float)):
@@ -264,14 +202,6 @@ class MazeEnv(Env):
         )
 
 
-def _check_size(size: int) -> None:
-    if isinstance(size, bool) or not isinstance(size, int) or size < 5 or size % 2 == 0:
-        raise ValueError(
-            f"maze size={size!r} is not allowed: an odd integer >= 5, blocks per side with the border walls "
-            "(7: 3 x 3 cells; 9: 4 x 4 cells, VisGym's easy)"
-        )
-
-
 def _check_int(name: str, value: int, low: int, hint: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"MazeEnv {name}={value!r} is not allowed: an integer >= {low} ({hint})")
@@ -338,6 +268,3 @@ def main(argv: Optional[list[str]] = None) -> None:
         if args.json:
             print(json.dumps(stats))
 
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,58 @@
+"""Typed configuration, validated when built, and the checks every config class here reuses.
+
+A bad value fails at construction with a `ConfigError` naming the field, the value and what is allowed,
+not steps later inside a tensor op. Config classes call the `check_*` helpers from `__post_init__`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+# The helpers live in rollout (the lowest package that validates a config); re-exported here for grpo.
+from rollout.checks import ConfigError, check_bool, check_choice, check_number, require
+
+__all__ = ["AlgorithmConfig", "ConfigError", "check_bool", "check_choice", "check_number", "require"]
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """GRPO's advantage and loss settings (grpo.algo.advantages, grpo.algo.loss)."""
+
+    group_size: int = 8  # episodes per task (G)
+    scale_rewards: str = "group"  # "group": divide by the group's std + eps; "none": Dr. GRPO
+    baseline: str = "mean"  # "mean" | "leave_one_out" (each episode's baseline excludes itself, RLOO)
+    eps: float = 1e-6
+    drop_zero_signal_groups: bool = False  # groups whose rewards are all equal: keep (advantage 0) or drop
+    clip_low: float = 0.2  # the ratio is clipped to [1 - clip_low, 1 + clip_high]
+    clip_high: float = 0.28  # clip-higher (DAPO): more room for raising unlikely tokens, against collapse
+    dual_clip: Optional[float] = None  # c > 1: bounds a negative advantage's loss at c * |A| (dual-clip PPO)
+    loss_agg: str = "token_mean"  # "token_mean" | "sequence_mean" | "seq_sum_norm" (Dr. GRPO)
+    seq_sum_norm_len: Optional[int] = None  # the fixed length seq_sum_norm divides by, e.g. max response tokens
+    kl_coef: float = 0.0  # weight of the KL penalty to the reference (base) model; 0 turns it off
+    kl_estimator: str = "k3"  # "k1" | "k2" | "k3" (Schulman's estimators of KL(policy || reference))
+    tis_cap: Optional[float] = None  # truncated importance sampling vs the sampler's logprobs; None: off
+    # Step-level advantages (GiGPO's "anchor states"): each turn also gets its discounted return against
+    # the other turns of its group taken from the same env state (Env.state_key), weighted by this; 0: off.
+    step_weight: float = 0.0
+    step_gamma: float = 0.95  # discount of the step-level return: sooner success from the same state is better
+
+    def __post_init__(self):
+        check_number(self, "group_size", integer=True, ge=2, hint="a group of one has no baseline")
+        check_choice(self, "scale_rewards", ("group", "none"))
+        check_choice(self, "baseline", ("mean", "leave_one_out"))
+        check_number(self, "eps", gt=0)
+        check_bool(self, "drop_zero_signal_groups")
+        check_number(self, "clip_low", ge=0, lt=1, hint="the ratio's lower bound 1 - clip_low must stay positive")
+        check_number(self, "clip_high", ge=0)
+        check_number(self, "dual_clip", gt=1, optional=True, hint="e.g. 3.0")
+        check_choice(self, "loss_agg", ("token_mean", "sequence_mean", "seq_sum_norm"))
+        check_number(self, "seq_sum_norm_len", integer=True, ge=1, optional=True)
+        require(
+            self, "seq_sum_norm_len", self.loss_agg != "seq_sum_norm" or self.seq_sum_norm_len is not None,
+            "an integer >= 1 when loss_agg='seq_sum_norm' (e.g. the max response tokens)",
+        )
+        check_number(self, "kl_coef", ge=0)
+        check_choice(self, "kl_estimator", ("k1", "k2", "k3"))
+        check_number(self, "tis_cap", ge=1, optional=True, hint="e.g. 2.0; a cap below 1 shrinks on-policy tokens")
+        check_number(self, "step_weight", ge=0, hint="GiGPO uses 1.0; 0 turns step-level advantages off")
+        check_number(self, "step_gamma", gt=0, le=1, hint="e.g. 0.95")

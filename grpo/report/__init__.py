@@ -1,0 +1,1 @@
+"""What a run reports: metric sinks, metrics.jsonl, curves, sampled episodes, the summary and dashboards."""
