@@ -8,22 +8,17 @@ difference, so any Hugging Face chat template works, not just the tiny models'.
 from __future__ import annotations
 
 from envs.base import Observation
+from rollout.models import image_token_id, tokenizer_of, vision_token_ids
 
 _MARK = "\u2063GRPO-MARK\u2063"  # an assistant message no real text contains, to cut the template around
-
-
-def _tokenizer_of(processor):
-    return getattr(processor, "tokenizer", processor)
 
 
 class ChatFormat:
     def __init__(self, processor, system_prompt: str | None = None):
         self.processor = processor
-        self.tok = _tokenizer_of(processor)
+        self.tok = tokenizer_of(processor)
         self.system_prompt = system_prompt
-        self.image_token_id = getattr(processor, "image_token_id", None)
-        from rollout.models import vision_token_ids
-
+        self.image_token_id = image_token_id(processor)
         self.vision_ids = set(vision_token_ids(processor))
         if self.tok.chat_template is None and getattr(processor, "chat_template", None) is None:
             raise ValueError(

@@ -12,37 +12,54 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollout import runtime
-from rollout.models import check_model_dir, vision_token_ids
+from rollout.checks import check_bool, check_choice, check_number
 from rollout.hotload import HotLoader, LoadedAdapter
 from rollout.merged import MergedLoader
+from rollout.models import check_model_dir, vision_token_ids
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    model: str
-    dtype: str = "auto"
-    max_model_len: int = 4096
-    enable_lora: bool = True
-    max_lora_rank: int = 32
-    enable_prefix_caching: bool = True
-    seed: int = 0
-    max_images_per_prompt: int = 16
+class VllmConfig:
+    """The vLLM engine's settings a run chooses (its `engine:` section); EngineConfig adds the model, the
+    seed and the LoRA rank, which a run states elsewhere (`model`, `seed`, `lora.rank`)."""
+
+    dtype: str = "auto"  # "auto": bfloat16 where the hardware has it, else float32
+    max_model_len: int = 4096  # tokens of one episode's context; an episode that fills it ends
+    enable_prefix_caching: bool = True  # reuse the KV cache of a shared prompt prefix (a group's episodes)
+    max_images_per_prompt: int = 16  # images one context may hold (history "full" keeps every turn's)
     # CPU: vLLM's default memory fraction refuses to start on these machines; a fixed size works.
     kv_cache_memory_bytes: int = 512 << 20
     # GPU: the share of memory vLLM may take while colocated with a trainer rank.
     gpu_memory_utilization: float = 0.4
-    max_num_seqs: int = 256
+    max_num_seqs: int = 256  # sequences vLLM decodes at once
     # Serve each adapter version merged into the weights (W + scaling * B @ A) instead of as a LoRA request.
     # None: merged on the CPU, where vLLM decodes a LoRA request at about a third of the base model's speed;
     # a LoRA on the GPU, where the punica kernels cost little and a merge would rewrite every weight per step.
     merge_adapter: bool | None = None
 
     def __post_init__(self):
+        check_choice(self, "dtype", ("auto", "bfloat16", "float16", "float32"))
+        check_number(self, "max_model_len", integer=True, ge=64)
+        check_bool(self, "enable_prefix_caching")
+        check_number(self, "max_images_per_prompt", integer=True, ge=1)
+        check_number(self, "kv_cache_memory_bytes", integer=True, ge=1 << 20)
+        check_number(self, "gpu_memory_utilization", gt=0, le=1)
+        check_number(self, "max_num_seqs", integer=True, ge=1)
+        check_choice(self, "merge_adapter", (None, True, False))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig(VllmConfig):
+    model: str
+    enable_lora: bool = True
+    max_lora_rank: int = 32
+    seed: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
         check_model_dir(self.model)
-        if self.merge_adapter not in (None, True, False):
-            raise ValueError(f"merge_adapter={self.merge_adapter!r}: use True, False or None (merged on the CPU only)")
 
     @property
     def merged(self) -> bool:
@@ -71,7 +88,6 @@ class Request:
 class Generation:
     token_ids: list[int]
     logprobs: list[float]
-    text: str
     finish_reason: str
     expanded_prompt_len: int
 
@@ -132,8 +148,8 @@ class Engine:
             stop=list(sampling.stop) or None, logprobs=0, skip_special_tokens=False,
             logit_bias={i: -100.0 for i in self.banned_ids} or None,
             # vLLM detokenizes every generated token twice (the text, and the token beside its logprob), about
-            # a quarter of a small model's generate call on the CPU; without stop strings to match, one decode
-            # of each finished reply (`reply_text`) gives the same text.
+            # a quarter of a small model's generate call on the CPU. Only stop strings need its text: the
+            # reply the env reads is decoded once, from the ids (ChatFormat.action_text).
             detokenize=bool(sampling.stop),
         )
         kwargs.update(overrides)
@@ -156,16 +172,8 @@ class Engine:
             o = out.outputs[0]
             ids = list(o.token_ids)
             lps = [step[t].logprob for step, t in zip(o.logprobs, ids)]
-            text = o.text if params.detokenize else self.reply_text(ids, o.finish_reason)
-            gens.append(Generation(ids, lps, text, o.finish_reason or "length", len(out.prompt_token_ids)))
+            gens.append(Generation(ids, lps, o.finish_reason or "length", len(out.prompt_token_ids)))
         return gens
-
-    def reply_text(self, ids: list[int], finish_reason: str | None) -> str:
-        """The text vLLM's detokenizer would give: a reply ended by an end-of-sequence or stop token leaves that
-        token out of its text (vLLM's include_stop_str_in_output=False), one cut at max_tokens keeps all."""
-        if finish_reason == "stop" and ids:
-            ids = ids[:-1]
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def sleep(self) -> None:
         """Free accelerator memory for the trainer between rollouts; a no-op on the CPU."""

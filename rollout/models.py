@@ -35,6 +35,15 @@ def image_token_id(processor) -> int | None:
     return getattr(processor, "image_token_id", None)
 
 
+def image_token_counts(processor, image_grid_thw) -> list[int]:
+    """How many placeholders each image takes once expanded: one per merged patch, as vLLM expands them.
+
+    image_grid_thw: the image processor's [N, 3] grid (temporal, height, width patches) of N images.
+    """
+    merge = processor.image_processor.merge_size
+    return (image_grid_thw.prod(-1) // (merge * merge)).tolist()
+
+
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
 

@@ -18,6 +18,7 @@ from envs.contract import EnvError, check_env, check_step_result, env_error
 from rollout import runtime
 from rollout.checks import check_choice, check_number
 from rollout.env_threads import EnvThreads
+from rollout.models import image_token_counts
 from rollout.trajectory import RolloutStats, Segment, Trajectory
 
 HISTORY_MODES = ("full", "text", "none")
@@ -36,16 +37,16 @@ class Task:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens_per_turn: int = 32
-    stop: tuple[str, ...] = ()
+    temperature: float = 1.0  # the run's one temperature: vLLM samples at it and the trainer scores at it
+    top_p: float = 1.0  # nucleus sampling; 1: the whole distribution
+    max_tokens_per_turn: int = 32  # a reply's token limit
+    stop: tuple[str, ...] = ()  # strings that end a reply
     # "full": the whole conversation, images included, one growing sequence. "text": earlier images leave
     # the context, their text stays. "none": each turn sees the first observation's text and the current
     # observation only (enough when the observation shows the whole state, as the maze's image does).
     # "auto": "full" if the env keeps images (env.keep_images), else "text".
     history: str = "auto"
-    system_prompt: str | None = None
+    system_prompt: str | None = None  # a system message before the first observation; None: none
     # An episode ends after this many turns (stop_reason "max_turns") whatever the env says; the env's own
     # limit still applies. None: only the env and the context length end an episode.
     max_turns: int | None = None
@@ -238,9 +239,9 @@ class RolloutWorker:
         # Environments registered in the driver process; Ray ships classes defined in a user's script by value.
         for name, factory in (env_factories or {}).items():
             envs.register(name, factory, overwrite=True)
-        from rollout.models import load_processor
         from rollout.conversation import ChatFormat
         from rollout.engine import Engine
+        from rollout.models import load_processor
 
         self.worker_id = worker_id
         self.engine = Engine(engine_config)
@@ -260,12 +261,16 @@ class RolloutWorker:
         """Serve `version` (default: the newest that verifies) from the store; returns the version served."""
         if self.store is None:
             raise RuntimeError("this worker has no adapter store: pass store_root")
-        info = self.store.verify(version) if version is not None else self.store.latest_verified()
-        if info is None:
-            return self.engine.adapter_version
+        # The lease goes on before vLLM reads the files, so garbage collection keeps them meanwhile, and it
+        # leaves the version served until now: vLLM holds that one in memory.
+        if version is None:
+            info = self.store.acquire(self.worker_id)
+            if info is None:
+                return self.engine.adapter_version
+        else:
+            self.store.mark_in_use(self.worker_id, version)
+            info = self.store.verify(version)
         self.engine.load_adapter(info.version, info.path)
-        # vLLM has read the files; the lease keeps garbage collection off them while this version serves.
-        self.store.mark_in_use(self.worker_id, info.version)
         return info.version
 
     @property
@@ -333,20 +338,13 @@ class RolloutWorker:
         )
         return trajs, stats
 
-    def evaluate(self, env: str, seeds, options: dict | None = None, config: RolloutConfig | None = None,
-                 use_adapter: bool = True) -> tuple[list[Trajectory], RolloutStats]:
-        """Greedy decoding, one episode per seed: the fixed evaluation."""
-        tasks = [Task(env, int(s), dict(options or {})) for s in seeds]
-        return self.rollout(tasks, 1, config or RolloutConfig(), greedy=True, use_adapter=use_adapter)
-
     def _expanded_len(self, e: _Episode) -> int:
         extra = 0
         for img in e.images:
             key = img.size
             if key not in self._image_tokens:
-                grid = self.processor.image_processor(images=[img], return_tensors="pt")["image_grid_thw"][0]
-                merge = self.processor.image_processor.merge_size
-                self._image_tokens[key] = int(grid.prod()) // (merge * merge)
+                grid = self.processor.image_processor(images=[img], return_tensors="pt")["image_grid_thw"]
+                self._image_tokens[key] = image_token_counts(self.processor, grid)[0]
             extra += self._image_tokens[key] - 1
         return len(e.ids) + extra
 
@@ -361,9 +359,12 @@ class RolloutWorker:
         return self._env_threads
 
     def shutdown(self) -> None:
-        """Free the engine (and its memory) and the env threads now rather than at garbage collection."""
+        """Free the engine (and its memory) and the env threads now rather than at garbage collection, and
+        drop this worker's lease so garbage collection may take the version it served."""
         import gc
 
+        if self.store is not None:
+            self.store.release(self.worker_id)
         if self._env_threads is not None:
             self._env_threads.close(wait=False)
             self._env_threads = None

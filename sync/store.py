@@ -1,6 +1,6 @@
 """Versioned LoRA adapters on shared storage: the trainer publishes, rollout workers read.
 
-Layout under the root (DESIGN.md, "Adapter store"):
+Layout under the root (the file format is sync/format.py):
 
     adapters/
       manifest.json                 the latest version; per version its creation time and each file's sha256
@@ -28,87 +28,50 @@ One writer per root (trainer rank 0); any number of readers on any node that sha
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import logging
-import mmap
-import operator
 import os
 import re
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Mapping
 
-import safetensors.torch
 import torch
 
-from .atomic import (
-    atomic_write,
-    fsync_dir,
-    fsync_file,
-    remove_temp_entries,
-    remove_tree,
-    temp_name,
-    write_new_file,
+from .atomic import atomic_write, fsync_dir, fsync_file, remove_temp_entries, remove_tree, temp_name, write_new_file
+from .format import (
+    ADAPTER_FILE,
+    CONFIG_FILE,
+    MANIFEST_FILE,
+    VERSION_DIR,
+    AdapterCorruptError,
+    AdapterNotFoundError,
+    AdapterStoreError,
+    AdapterVersion,
+    AdapterVersionConflictError,
+    Manifest,
+    check_version,
+    read_manifest,
+    safetensors_buffers,
+    serialize_config,
+    sha256_buffers,
+    sha256_file,
+    version_name,
+    write_manifest,
 )
 
 logger = logging.getLogger(__name__)
 
-ADAPTER_FILE = "adapter_model.safetensors"
-CONFIG_FILE = "adapter_config.json"
-MANIFEST_FILE = "manifest.json"
-_MANIFEST_FORMAT = 1
-_VERSION_DIR = re.compile(r"v(\d{6,})")
+__all__ = ["ADAPTER_FILE", "CONFIG_FILE", "AdapterCorruptError", "AdapterNotFoundError", "AdapterStore",
+           "AdapterStoreError", "AdapterVersion", "AdapterVersionConflictError"]
+
 _READER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-# FSDP's gathered state dict names LoRA weights with peft's adapter name ("lora_A.default.weight");
-# peft and vLLM expect it dropped, and peft silently skips keys it does not recognise.
-_ADAPTER_NAME_IN_KEY = re.compile(r"\.lora_[A-Za-z_]+\.default(\.|$)")
 _ACQUIRE_TRIES = 3
 _DIGEST_CACHE = 64  # files whose digest verify() remembers (a few per version)
 _RACY_NS = 1_000_000_000  # how old a file's last change must be for its digest to be remembered
-
-
-class AdapterStoreError(Exception):
-    """A problem with the adapter store; the message names it and what to do."""
-
-
-class AdapterCorruptError(AdapterStoreError):
-    """A version's file does not match the sha256 the manifest recorded when it was published."""
-
-    def __init__(self, version: int, file: str, expected: str, actual: str, manifest: str):
-        self.version, self.file, self.expected, self.actual = version, file, expected, actual
-        super().__init__(
-            f"adapter version {version} is corrupt: {file} has sha256 {actual}, but {manifest} recorded "
-            f"{expected} when it was published. The version is refused: keep serving the previous one "
-            f"(AdapterStore.latest_verified() returns the newest version that verifies); the trainer's "
-            f"next publish supersedes it. If this repeats, check the storage that holds {file}."
-        )
-
-
-class AdapterNotFoundError(AdapterStoreError, LookupError):
-    """The version is not in the manifest, or its files are gone (garbage-collected meanwhile)."""
-
-
-class AdapterVersionConflictError(AdapterStoreError):
-    """An explicit version number that would overwrite or go behind what the store already holds."""
-
-
-@dataclass(frozen=True)
-class AdapterVersion:
-    """One published version, as the manifest records it."""
-
-    version: int
-    path: str  # the folder to give PeftModel.from_pretrained or vLLM's LoRARequest
-    sha256: Mapping[str, str] = field(hash=False)  # file name -> hex digest
-    created: float  # time.time() when it was published
-
-    @property
-    def name(self) -> str:
-        """A name unique to this version ("v000042"): hot-loading needs a new name per version."""
-        return os.path.basename(self.path)
 
 
 @dataclass
@@ -120,11 +83,6 @@ class _Pending:
 # adapters folder -> the background fsyncs of its last published version. Per process, not per
 # AdapterStore: trainers make a new AdapterStore per publish.
 _PENDING: dict[str, _Pending] = {}
-
-
-class _Manifest(NamedTuple):
-    latest: int | None
-    versions: dict[int, dict[str, Any]]  # version -> {"created": float, "sha256": {file: digest}}
 
 
 class AdapterStore:
@@ -163,17 +121,17 @@ class AdapterStore:
         Garbage collection keeps the newest keep_last versions and every version a reader leases.
         """
         # The tensors' own memory, never one serialised copy: each file is hashed while it is written.
-        files = {ADAPTER_FILE: _safetensors_buffers(tensors), CONFIG_FILE: [_serialize_config(config)]}
+        files = {ADAPTER_FILE: safetensors_buffers(tensors), CONFIG_FILE: [serialize_config(config)]}
 
         self.wait_durable()
         self._make_dirs()
         leftovers = remove_temp_entries(self.adapters_dir)
         if leftovers:
             logger.info("removed leftovers of an interrupted writer in %s: %s", self.adapters_dir, ", ".join(leftovers))
-        manifest = self._read_manifest()
+        manifest = read_manifest(self.manifest_path)
         if version is None:
             version = max([manifest.latest or 0, *self._folder_versions()]) + 1
-        elif self._already_published(_check_version(version), manifest, files):
+        elif self._already_published(check_version(version), manifest, files):
             return version
 
         folder = self._version_dir(version)
@@ -193,7 +151,7 @@ class AdapterStore:
         versions = {**manifest.versions, version: {"created": time.time(), "sha256": digests}}
         keep = set(sorted(versions)[-self.keep_last:]) | self._leased_versions()
         kept = {v: e for v, e in versions.items() if v in keep}
-        self._write_manifest(_Manifest(version, kept), durable=False)
+        write_manifest(self.manifest_path, Manifest(version, kept), durable=False)
         pending = _Pending()
         pending.thread = threading.Thread(target=self._make_durable, args=(folder, pending), daemon=False,
                                           name=f"adapter-store-durable-v{version}")
@@ -228,18 +186,18 @@ class AdapterStore:
         except BaseException as e:  # raised by the next publish (wait_durable)
             pending.error = e
 
-    def _already_published(self, version: int, manifest: _Manifest, files: dict[str, list]) -> bool:
+    def _already_published(self, version: int, manifest: Manifest, files: dict[str, list]) -> bool:
         free = max([manifest.latest or 0, *self._folder_versions()]) + 1
         fix = (f"Publish without version= to take the next free number ({free}) and keep that number in "
                f"the trainer's state; numbers are never reused because readers cache adapters by number.")
         if version in manifest.versions:
             recorded = manifest.versions[version]["sha256"]
-            digests = {name: _sha256_buffers(buffers) for name, buffers in files.items()}
+            digests = {name: sha256_buffers(buffers) for name, buffers in files.items()}
             if recorded == digests:
                 info = self._describe(manifest, version)
                 try:
                     for name, expected in recorded.items():
-                        self._check_digest(info, name, expected, _sha256_file(self._file(info, name)))
+                        self._check_digest(info, name, expected, sha256_file(self._file(info, name)))
                 except (AdapterCorruptError, FileNotFoundError) as e:
                     # Torn by a power cut before it was durable: written again, same number, same bytes.
                     logger.warning("adapter version %d is in the manifest but its files do not verify (%s): "
@@ -258,14 +216,6 @@ class AdapterStore:
                 f"{self.adapters_dir}, and versions only increase. {fix}")
         return False
 
-    def _write_manifest(self, manifest: _Manifest, durable: bool = True) -> None:
-        document = {
-            "format": _MANIFEST_FORMAT,
-            "latest": manifest.latest,
-            "versions": {_version_name(v): entry for v, entry in sorted(manifest.versions.items())},
-        }
-        atomic_write(self.manifest_path, (json.dumps(document, indent=2) + "\n").encode(), durable=durable)
-
     def _remove_unreferenced(self, kept: set[int]) -> None:
         # Leases are read again after the manifest that drops a version has landed: a reader leases before
         # it checks the manifest (mark_in_use), so it either sees the version gone or its lease is seen here.
@@ -282,12 +232,12 @@ class AdapterStore:
 
     def latest(self) -> AdapterVersion | None:
         """The latest version the manifest names, unverified (cheap); None before the first publish."""
-        manifest = self._read_manifest()
+        manifest = read_manifest(self.manifest_path)
         return None if manifest.latest is None else self._describe(manifest, manifest.latest)
 
     def versions(self) -> list[AdapterVersion]:
         """Every version the manifest names, oldest first."""
-        manifest = self._read_manifest()
+        manifest = read_manifest(self.manifest_path)
         return [self._describe(manifest, v) for v in sorted(manifest.versions)]
 
     def verify(self, version: int) -> AdapterVersion:
@@ -298,7 +248,7 @@ class AdapterStore:
         less than a second before it was hashed is hashed again next time (a second write could land in
         the same timestamp tick and leave ctime unchanged).
         """
-        info = self._describe(self._read_manifest(), version)
+        info = self._describe(read_manifest(self.manifest_path), version)
         for name, expected in info.sha256.items():
             self._check_digest(info, name, expected, self._file_digest(info, name))
         return info
@@ -312,7 +262,7 @@ class AdapterStore:
             if cached is not None and cached[0] == identity:
                 return cached[1]
             hashed_at = time.time_ns()
-            digest = _sha256_file(path)
+            digest = sha256_file(path)
         except FileNotFoundError as e:
             raise self._vanished(info, name) from e
         if hashed_at - st.st_ctime_ns > _RACY_NS:
@@ -347,30 +297,22 @@ class AdapterStore:
             f"no adapter version in {self.adapters_dir} verifies; keep the adapter already loaded and have "
             f"the trainer publish again:\n" + "\n".join(problems))
 
-    def load(self, version: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """The version's tensors (on CPU) and config, verified against the manifest while read."""
-        info = self._describe(self._read_manifest(), version)
-        data = {}
-        for name, expected in info.sha256.items():
-            data[name] = self._read_file(info, name)
-            self._check_digest(info, name, expected, hashlib.sha256(data[name]).hexdigest())
-        return safetensors.torch.load(data[ADAPTER_FILE]), json.loads(data[CONFIG_FILE])
-
     def mark_in_use(self, reader_id: str, version: int) -> None:
         """Lease version to reader_id (replacing its previous lease) so garbage collection keeps it.
 
-        Mark a version before loading it from disk; vLLM keeps loaded adapters in memory, so a reader
-        moves its lease to the new version once it has loaded it. Raises AdapterNotFoundError when the
-        version was collected before the lease landed: take latest_verified() again.
+        Mark a version before loading it from disk. The lease moves off the version the reader served
+        before: vLLM keeps a loaded adapter in memory, so its files are no longer needed. Raises
+        AdapterNotFoundError when the version was collected before the lease landed: take
+        latest_verified() again.
         """
-        version = _check_version(version)
+        version = check_version(version)
         lease = {"reader": reader_id, "version": version, "time": time.time(),
                  "host": socket.gethostname(), "pid": os.getpid()}
         os.makedirs(self.readers_dir, exist_ok=True)
         # Atomic but not fsynced: a lease matters only while its reader lives, and a crash that loses the
         # lease ends the reader too (the reader also holds the version in memory once loaded).
         atomic_write(self._lease_path(reader_id), (json.dumps(lease) + "\n").encode(), durable=False)
-        if version not in self._read_manifest().versions:
+        if version not in read_manifest(self.manifest_path).versions:
             raise AdapterNotFoundError(
                 f"adapter version {version} is not in {self.manifest_path} (never published, or "
                 f"garbage-collected before reader {reader_id!r} leased it): take latest_verified() again")
@@ -406,7 +348,7 @@ class AdapterStore:
                 fsync_dir(os.path.dirname(path))
 
     def _version_dir(self, version: int) -> str:
-        return os.path.join(self.adapters_dir, _version_name(version))
+        return os.path.join(self.adapters_dir, version_name(version))
 
     def _lease_path(self, reader_id: str) -> str:
         if not isinstance(reader_id, str) or not _READER_ID.fullmatch(reader_id):
@@ -421,7 +363,7 @@ class AdapterStore:
         except FileNotFoundError:
             return set()
         return {int(m.group(1)) for e in entries
-                if (m := _VERSION_DIR.fullmatch(e.name)) and e.is_dir(follow_symlinks=False)}
+                if (m := VERSION_DIR.fullmatch(e.name)) and e.is_dir(follow_symlinks=False)}
 
     def _leased_versions(self) -> set[int]:
         try:
@@ -445,33 +387,7 @@ class AdapterStore:
                 leased.add(version)
         return leased
 
-    def _read_manifest(self) -> _Manifest:
-        try:
-            with open(self.manifest_path, "rb") as f:
-                document = json.loads(f.read())
-        except FileNotFoundError:
-            return _Manifest(None, {})
-        except ValueError as e:
-            raise self._bad_manifest(e) from e
-        if not isinstance(document, dict) or document.get("format") != _MANIFEST_FORMAT:
-            raise self._bad_manifest(f"expected format {_MANIFEST_FORMAT}, got "
-                                     f"{document.get('format') if isinstance(document, dict) else document!r}")
-        try:
-            versions = {int(_VERSION_DIR.fullmatch(k).group(1)): v for k, v in document["versions"].items()}
-            latest = document["latest"]
-        except (KeyError, AttributeError, TypeError) as e:
-            raise self._bad_manifest(e) from e
-        if (latest is None) != (not versions) or (versions and latest != max(versions)):
-            raise self._bad_manifest(f"latest is {latest} but the versions are {sorted(versions)}")
-        return _Manifest(latest, versions)
-
-    def _bad_manifest(self, problem: object) -> AdapterStoreError:
-        return AdapterStoreError(
-            f"{self.manifest_path} is not a valid adapter manifest ({problem}). Only this store writes it, "
-            f"always by atomic rename, so something else changed it: restore it, or move {self.adapters_dir} "
-            f"aside and publish again")
-
-    def _describe(self, manifest: _Manifest, version: int) -> AdapterVersion:
+    def _describe(self, manifest: Manifest, version: int) -> AdapterVersion:
         entry = manifest.versions.get(version)
         if entry is None:
             raise AdapterNotFoundError(
@@ -483,13 +399,6 @@ class AdapterStore:
     def _file(self, info: AdapterVersion, name: str) -> str:
         return os.path.join(info.path, name)
 
-    def _read_file(self, info: AdapterVersion, name: str) -> bytes:
-        try:
-            with open(self._file(info, name), "rb") as f:
-                return f.read()
-        except FileNotFoundError as e:
-            raise self._vanished(info, name) from e
-
     def _check_digest(self, info: AdapterVersion, name: str, expected: str, actual: str) -> None:
         if actual != expected:
             raise AdapterCorruptError(info.version, self._file(info, name), expected, actual, self.manifest_path)
@@ -500,107 +409,6 @@ class AdapterStore:
             f"missing: it was garbage-collected meanwhile, or deleted by hand; take latest_verified()")
 
 
-def _version_name(version: int) -> str:
-    return f"v{version:06d}"
-
-
 def _is_lease(name: str) -> bool:
     return name.endswith(".json") and _READER_ID.fullmatch(name[: -len(".json")]) is not None
 
-
-def _check_version(version: object) -> int:
-    if isinstance(version, bool):
-        raise TypeError(f"an adapter version is an int >= 1, got {version!r}")
-    number = operator.index(version)
-    if number < 1:
-        raise ValueError(f"adapter versions start at 1 (vLLM LoRA ids must be positive), got {number}")
-    return number
-
-
-def _sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size:
-            # Hashed straight from the page cache: no copy into a read buffer.
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                digest.update(mapped)
-    return digest.hexdigest()
-
-
-# safetensors' names for torch dtypes (the format's spec); the file is written here without a serialised copy.
-_SAFETENSORS_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-}
-
-
-def _safetensors_buffers(tensors: Mapping[str, torch.Tensor]) -> list[memoryview]:
-    """A safetensors file as buffers to write in order: its header, then each tensor's own memory.
-
-    The layout is the format's (an 8-byte little-endian header length, a JSON header padded with spaces to
-    8 bytes, the tensors' bytes back to back); tensors go largest element first, so each starts aligned.
-    """
-    if not tensors:
-        raise ValueError("publish() got no tensors: pass the LoRA state dict (peft's get_peft_model_state_dict)")
-    prepared = {}
-    for key, tensor in tensors.items():
-        if not isinstance(key, str) or not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"publish() takes a dict of str -> torch.Tensor, got {key!r}: {type(tensor).__name__}")
-        if _ADAPTER_NAME_IN_KEY.search(key):
-            raise ValueError(
-                f"tensor key {key!r} carries peft's adapter name '.default': peft and vLLM expect it dropped "
-                f"(as get_peft_model_state_dict does), e.g. '...lora_A.weight'; peft would skip such keys silently")
-        if tensor.dtype not in _SAFETENSORS_DTYPES:
-            raise TypeError(f"tensor {key!r} has dtype {tensor.dtype}, which safetensors cannot hold: convert it to "
-                            f"one of {sorted(str(d) for d in _SAFETENSORS_DTYPES)}")
-        prepared[key] = tensor.detach().to("cpu").contiguous()
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset, data = 0, []
-    for key in sorted(prepared, key=lambda k: (-prepared[k].element_size(), k)):
-        tensor = prepared[key]
-        # A view of exactly this tensor's bytes (a view into a larger buffer included), no copy.
-        raw = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
-        header[key] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                       "data_offsets": [offset, offset + raw.nbytes]}
-        offset += raw.nbytes
-        data.append(raw)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    return [memoryview(len(text).to_bytes(8, "little") + text), *data]
-
-
-def _sha256_buffers(buffers: list) -> str:
-    digest = hashlib.sha256()
-    for buffer in buffers:
-        digest.update(buffer)
-    return digest.hexdigest()
-
-
-def _serialize_config(config: Mapping[str, Any]) -> bytes:
-    if not isinstance(config, Mapping) or "peft_type" not in config:
-        raise ValueError("publish() needs the peft adapter config with its 'peft_type' (what "
-                         "peft_model.peft_config['default'].to_dict() returns): PeftModel and vLLM read it")
-    return (json.dumps(_jsonable(config, "config"), indent=2, sort_keys=True) + "\n").encode()
-
-
-def _jsonable(value: Any, where: str) -> Any:
-    if isinstance(value, enum.Enum):
-        value = value.value
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, Mapping):
-        out = {}
-        for key, item in value.items():
-            key = key.value if isinstance(key, enum.Enum) else key
-            if not isinstance(key, str):
-                raise TypeError(f"{where} has the key {key!r}; JSON keys are strings, convert it")
-            out[key] = _jsonable(item, f"{where}[{key!r}]")
-        return out
-    if isinstance(value, (set, frozenset)):
-        # Any fixed order will do, as long as the same set always gives the same bytes (and sha256).
-        return sorted((_jsonable(item, where) for item in value), key=lambda item: json.dumps(item, sort_keys=True))
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item, f"{where}[{i}]") for i, item in enumerate(value)]
-    raise TypeError(f"{where} is of type {type(value).__name__}, which JSON cannot hold: convert it to plain values "
-                    f"(peft_model.peft_config['default'].to_dict() gives a dict this store can write)")

@@ -21,8 +21,8 @@ import traceback
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from sync.store import AdapterStore  # noqa: E402
+from sync import store as store_module
+from sync.store import AdapterStore
 
 LAYERS = 4
 RANK = 32
@@ -64,7 +64,7 @@ def writer(root: str, journal: str, seed: int, pause: str | None) -> None:
     torch.set_num_threads(1)
     _say(f"pid {os.getpid()}")
     if pause == "manifest":
-        AdapterStore._write_manifest = _pause(pause, AdapterStore._write_manifest)
+        store_module.write_manifest = _pause(pause, store_module.write_manifest)
     elif pause == "collect":
         AdapterStore._remove_unreferenced = _pause(pause, AdapterStore._remove_unreferenced)
     store = AdapterStore(root, keep_last=2)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from grpo.learner import forward, lora
-from sync import AdapterStore
 from rollout.merged import merged_weights
+from sync import AdapterStore
 
 P = "base_model.model."
 

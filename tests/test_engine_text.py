@@ -1,15 +1,18 @@
 """The engine asks vLLM for no detokenization (it cost about a quarter of the tiny model's generate call on the
-CPU) and decodes each finished reply once. Where a reply is whole characters, that text must be exactly what
-vLLM's own detokenizer gives, for replies cut at max_tokens and for replies ended by the end-of-sequence token.
-Where an untrained model emits byte fragments, vLLM's incremental detokenizer may hold back a trailing partial
-character or join the reply's first bytes to the prompt's last ones; the engine's text is then the plain decode
-of the reply's own tokens, U+FFFD included."""
+CPU) unless stop strings need vLLM's text; the reply the env reads is decoded once, from the sampled ids
+(ChatFormat.action_text). Where a reply is whole characters, that text must be exactly what vLLM's own
+detokenizer gives, for replies cut at max_tokens and for replies ended by the end-of-sequence token. Where an
+untrained model emits byte fragments, vLLM's incremental detokenizer may hold back a trailing partial character
+or join the reply's first bytes to the prompt's last ones; the text is then the plain decode of the reply's own
+tokens, U+FFFD included."""
 import gc
 import random
 
 import pytest
 
+from rollout.conversation import ChatFormat
 from rollout.engine import Engine, EngineConfig, Request, Sampling
+from rollout.models import load_processor
 
 FRAGMENT = "\ufffd"
 
@@ -21,6 +24,7 @@ def test_reply_text_is_what_vllms_detokenizer_gives(model, request):
     engine = Engine(EngineConfig(model=str(path), enable_lora=False, max_model_len=512))
     try:
         tok = engine.tokenizer
+        chat = ChatFormat(load_processor(path))
         assert not engine.sampling_params(Sampling()).detokenize
         assert engine.sampling_params(Sampling(stop=("\n",))).detokenize  # stop strings need vLLM's text
         rng = random.Random(0)
@@ -37,7 +41,7 @@ def test_reply_text_is_what_vllms_detokenizer_gives(model, request):
         whole = {"stop": 0, "length": 0}
         for o in outs:
             ids, reason, want = list(o.outputs[0].token_ids), o.outputs[0].finish_reason, o.outputs[0].text
-            got = engine.reply_text(ids, reason)
+            got = chat.action_text(ids)
             if FRAGMENT in got or FRAGMENT in want:
                 own = ids[:-1] if reason == "stop" else ids
                 assert got == tok.decode(own, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -54,8 +58,9 @@ def test_reply_text_is_what_vllms_detokenizer_gives(model, request):
         compared = 0
         for g, o in zip(fast, slow):
             assert g.token_ids == list(o.outputs[0].token_ids)
-            if FRAGMENT not in g.text + o.outputs[0].text:
-                assert g.text == o.outputs[0].text
+            text = chat.action_text(g.token_ids)
+            if FRAGMENT not in text + o.outputs[0].text:
+                assert text == o.outputs[0].text
                 compared += 1
         assert compared >= 16, compared
     finally:

@@ -121,7 +121,8 @@ def _summary(trajs) -> list:
 
 
 def test_rollout_alone_does_not_import_grpo():
-    # DESIGN.md: rollout/ imports only envs/ and sync/, so a user building on rollout alone gets no trainer.
+    # docs/design.md, "Import rules": rollout/ imports only envs/ and sync/, so a user building on rollout alone
+    # gets no trainer.
     code = ("import sys, rollout.worker, rollout.engine, rollout.conversation, rollout.models; "
             "print(sorted(m for m in sys.modules if m == 'grpo' or m.startswith('grpo.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -1,4 +1,5 @@
 """The multi-turn rollout worker end to end: tiny Qwen3-VL, real vLLM, a real Ray actor, the maze."""
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -33,6 +34,9 @@ def ray_rollout(tiny_vl, session_dir):
             EngineConfig(model=str(tiny_vl), max_lora_rank=8, max_model_len=2048),
             store_root=str(store.root), worker_id="test-rollout", run_dir=str(session_dir))
         assert ray.get(actor.sync_adapter.remote()) == version
+        # The worker leased what it serves, so garbage collection keeps it while vLLM reads the files.
+        lease = json.loads((Path(store.readers_dir) / "test-rollout.json").read_text())
+        assert lease["version"] == version
         yield ray, actor, model.eval(), version
         ray.kill(actor)
     finally:

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from grpo.learner import forward
-
 from grpo.tools import tiny_models
 
 

@@ -12,7 +12,14 @@ from pathlib import Path
 import torch
 
 from rollout.models import (  # noqa: F401  (re-exported: the trainer side reads models through here)
-    VISION_TOKENS, check_model_dir, image_token_id, load_processor, tokenizer_of, vision_token_ids)
+    VISION_TOKENS,
+    check_model_dir,
+    image_token_counts,
+    image_token_id,
+    load_processor,
+    tokenizer_of,
+    vision_token_ids,
+)
 
 
 def load_model(model_path: str | Path, dtype: torch.dtype = torch.float32):
@@ -48,10 +55,8 @@ def expand(processor, ids: list[int], images: list, per_token: list[torch.Tensor
         raise ValueError(f"the sequence has {n_pads} image placeholders but {len(images)} images travel with it")
     vis = processor.image_processor(images=list(images), return_tensors="pt")
     grid = vis["image_grid_thw"]
-    merge = processor.image_processor.merge_size
-    counts = (grid.prod(-1) // (merge * merge)).tolist()
     repeats = torch.ones_like(ids_t)
-    repeats[ids_t == pad] = torch.as_tensor(counts, dtype=torch.long)
+    repeats[ids_t == pad] = torch.as_tensor(image_token_counts(processor, grid), dtype=torch.long)
     out_ids = torch.repeat_interleave(ids_t, repeats)
     out_pt = []
     for t in per_token:
