@@ -1,22 +1,17 @@
 """Shared fixtures and helpers of the trainer and checkpoint tests (import them into a test module)."""
 from __future__ import annotations
 
+import io
 import random
 from pathlib import Path
 
-import pytest
 import torch
 from PIL import Image, ImageDraw
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from grpo.tools import tiny_models
+from envs.base import Observation
 from rollout.conversation import ChatFormat
 from rollout.trajectory import Segment, Trajectory
-from envs.base import Observation
-
-@pytest.fixture(scope="session")
-def vl_model(tmp_path_factory) -> str:
-    """The tiny Qwen3-VL's folder, as a string (what a user passes)."""
-    return str(tiny_models.build("vl", tmp_path_factory.mktemp("models") / "tiny-vl", seed=0))
 
 
 def image(seed: int, size: int = 64) -> Image.Image:
@@ -47,7 +42,8 @@ def trajectories(processor, count: int, seed: int = 0, turns: int = 2, images: b
             gen = [rng.choice(ordinary) for _ in range(rng.randint(2, 9))]
             ids, mask = ids + gen, mask + [1] * len(gen)
             if t < turns - 1:
-                nxt = Observation(text=f"turn {t}", images=[image(seed * 1000 + e + 100 * (t + 1))] if with_images else [])
+                shown = [image(seed * 1000 + e + 100 * (t + 1))] if with_images else []
+                nxt = Observation(text=f"turn {t}", images=shown)
                 suffix = chat.observation_ids(nxt, gen)
                 ids, mask, imgs = ids + suffix, mask + [0] * len(suffix), imgs + list(nxt.images)
         lps = [-rng.uniform(0.5, 8.0) if m else 0.0 for m in mask]
@@ -68,3 +64,30 @@ def max_abs_diff(a: dict, b: dict) -> float:
 
 def dir_listing(path: Path) -> list[str]:
     return sorted(p.name for p in Path(path).iterdir())
+
+
+def saved_state(path) -> dict:
+    """What a checkpoint folder holds, as full tensors whatever the ranks held: {"model": LoRA weights,
+    "optim": optimizer state, "step"}. Comparing two runs' checkpoints compares their training state."""
+    buf = io.BytesIO()
+    dcp_to_torch_save(path, buf)  # reads DCP's files in this process, no process group
+    buf.seek(0)
+    state = torch.load(buf, weights_only=False)
+    state["step"] = torch.load(Path(path) / "trainer.pt", weights_only=False)["step"]
+    return state
+
+
+def assert_same_state(a, b, where: str = "") -> None:
+    """Nested dicts and lists of tensors and plain values, equal bit for bit."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_same_state(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{where}/{i}")
+    elif torch.is_tensor(a):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where

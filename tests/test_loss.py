@@ -141,9 +141,23 @@ def test_micro_batches_give_the_full_batch_loss_gradient_and_metrics(agg):
         assert_close(sum(o.loss for o in outputs), full[0].loss)
         assert_close(grad, full_grad)
         merged, whole = merge_metrics(outputs), merge_metrics(full)
-        assert merged.keys() == whole.keys()
+        assert merged.keys() == whole.keys() and "sampler_abs_diff_max" in whole
         for name in whole:
             assert merged[name] == pytest.approx(whole[name], rel=1e-9, abs=1e-12), name
+
+
+def test_merging_over_ranks_equals_merging_all_outputs():
+    # Two data-parallel ranks, one micro-batch each: `reduce` hands each rank the other's values summed
+    # or maxed, as dist.all_reduce does.
+    outputs, _ = micro_batch_loss_and_grad(random_batch(2), AlgorithmConfig(kl_coef=0.1), [2, 4])
+    other = {}
+    merge_metrics(outputs[1:], lambda values, op: other.setdefault(op, values))
+    combine = {"sum": lambda a, b: a + b, "max": max}
+    ranks = merge_metrics(outputs[:1], lambda values, op: [combine[op](a, b) for a, b in zip(values, other[op])])
+    whole = merge_metrics(outputs)
+    assert ranks.keys() == whole.keys() and whole["generated_tokens"] == 22
+    for name in whole:
+        assert ranks[name] == pytest.approx(whole[name], rel=1e-12), name
 
 
 @pytest.mark.parametrize(
@@ -199,6 +213,7 @@ def test_sampler_mismatch_is_logged_without_tis():
     config = AlgorithmConfig()
     out = policy_loss(logprobs, logprobs.detach(), t([1.0]), torch.ones(1, 2), config, 2.0, sampler_logprobs=sampler)
     assert out.metrics["sampler_abs_diff"].item() == pytest.approx(0.2)
+    assert out.maxima["sampler_abs_diff_max"].item() == pytest.approx(0.3)
     assert "tis_weight_mean" not in out.metrics
     assert_close(out.loss, t(-1.0))
 

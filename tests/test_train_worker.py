@@ -5,13 +5,13 @@ import random
 
 import pytest
 import torch
+from _fixtures_train import advantages, assert_same_state, max_abs_diff, saved_state, trajectories
 
-from _fixtures_train import advantages, max_abs_diff, vl_model, trajectories  # noqa: F401 (fixture)
-from grpo.learner import forward
 from grpo.algo.config import AlgorithmConfig, ConfigError
-from grpo.learner.lora import LoraConfig, apply_lora, randomize_adapter
-from grpo.learner.config import TrainConfig
 from grpo.driver.train_group import TrainGroup
+from grpo.learner import forward
+from grpo.learner.config import TrainConfig
+from grpo.learner.lora import LoraConfig, apply_lora, randomize_adapter
 from grpo.learner.worker import TrainWorker
 
 ALGO = AlgorithmConfig(kl_coef=0.1)
@@ -26,9 +26,9 @@ def comparable(micro_batch_size: int, **kw) -> TrainConfig:
 
 
 @pytest.fixture(scope="module")
-def start_adapter(vl_model, tmp_path_factory) -> str:
+def start_adapter(tiny_vl, tmp_path_factory) -> str:
     """A random adapter: from peft's (B = 0) every lora_A gradient would be zero on the first step."""
-    model = apply_lora(forward.load_model(vl_model), LoraConfig(rank=4, alpha=8))
+    model = apply_lora(forward.load_model(tiny_vl), LoraConfig(rank=4, alpha=8))
     randomize_adapter(model, seed=1, scale=0.1)
     path = tmp_path_factory.mktemp("start-adapter")
     model.save_pretrained(path)
@@ -37,8 +37,8 @@ def start_adapter(vl_model, tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("field,value", [
     ("lr", 0.0), ("lr", "1e-5"), ("weight_decay", -0.1), ("betas", (0.9,)), ("betas", (0.9, 1.0)),
-    ("warmup_steps", 1.5), ("schedule", "linear"), ("total_steps", 0), ("max_grad_norm", 0.0),
-    ("micro_batch_size", 0), ("updates_per_batch", True), ("temperature", 0.0), ("seed", -1),
+    ("warmup_steps", 1.5), ("schedule", "linear"), ("max_grad_norm", 0.0),
+    ("micro_batch_size", 0), ("updates_per_batch", True), ("seed", -1),
 ])
 def test_bad_config_values_name_the_field(field, value):
     with pytest.raises(ConfigError) as e:
@@ -47,24 +47,28 @@ def test_bad_config_values_name_the_field(field, value):
     assert repr(value) in str(e.value)
 
 
-def test_cosine_needs_a_length_beyond_warmup():
-    with pytest.raises(ConfigError, match="TrainConfig.total_steps"):
-        TrainConfig(schedule="cosine", warmup_steps=10, total_steps=10)
+def test_cosine_needs_a_length_beyond_warmup(tiny_vl):
+    cosine = TrainConfig(schedule="cosine", warmup_steps=10)
+    for steps in (None, 10):
+        with pytest.raises(ConfigError, match=r"TrainWorker.total_steps=.*train.warmup_steps \(10\)"):
+            TrainWorker(tiny_vl, train=cosine, total_steps=steps)
+    with pytest.raises(ConfigError, match=r"TrainWorker.temperature=0"):
+        TrainWorker(tiny_vl, temperature=0)
 
 
 def test_learning_rate_schedule():
     constant = TrainConfig(lr=1.0, warmup_steps=4)
     assert [constant.lr_at(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    cosine = TrainConfig(lr=2.0, warmup_steps=2, schedule="cosine", total_steps=6, min_lr_ratio=0.5)
-    lrs = [cosine.lr_at(s) for s in range(8)]
+    cosine = TrainConfig(lr=2.0, warmup_steps=2, schedule="cosine", min_lr_ratio=0.5)
+    lrs = [cosine.lr_at(s, 6) for s in range(8)]
     assert lrs[:3] == [1.0, 2.0, 2.0]
     assert lrs[4] == pytest.approx(1.5) and lrs[6] == pytest.approx(1.0) and lrs[7] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(lrs[1:], lrs[2:]))
 
 
-def test_micro_batches_do_not_change_the_update(vl_model, start_adapter):
-    one = TrainWorker(vl_model, algorithm=ALGO, train=comparable(7), adapter_path=start_adapter)
-    four = TrainWorker(vl_model, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
+def test_micro_batches_do_not_change_the_update(tiny_vl, start_adapter):
+    one = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(7), adapter_path=start_adapter)
+    four = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
     before = one.gather_adapter()
     batch, adv = trajectories(one.processor, 7), advantages(7)
     m1, m4 = one.train_step(batch, adv), four.train_step(batch, adv)
@@ -78,13 +82,13 @@ def test_micro_batches_do_not_change_the_update(vl_model, start_adapter):
     assert m1["kl"] > 1e-3  # the random adapter is not the base model, which the adapter-off pass scored
 
 
-def test_updates_per_batch(vl_model, start_adapter):
+def test_updates_per_batch(tiny_vl, start_adapter):
     config = lambda mbs: comparable(mbs, updates_per_batch=2)  # noqa: E731
-    a = TrainWorker(vl_model, algorithm=ALGO, train=config(4), adapter_path=start_adapter)
-    b = TrainWorker(vl_model, algorithm=ALGO, train=config(1), adapter_path=start_adapter)
-    single = TrainWorker(vl_model, algorithm=ALGO, train=comparable(4), adapter_path=start_adapter)
+    a = TrainWorker(tiny_vl, algorithm=ALGO, train=config(4), adapter_path=start_adapter)
+    b = TrainWorker(tiny_vl, algorithm=ALGO, train=config(1), adapter_path=start_adapter)
+    single = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(4), adapter_path=start_adapter)
     batch, adv = trajectories(a.processor, 6, seed=3), advantages(6, seed=3)
-    ma, mb, ms = a.train_step(batch, adv), b.train_step(batch, adv), single.train_step(batch, adv)
+    ma, _, ms = a.train_step(batch, adv), b.train_step(batch, adv), single.train_step(batch, adv)
     assert ma["updates"] == 2 and ms["updates"] == 1
     assert max_abs_diff(a.gather_adapter(), b.gather_adapter()) <= 1e-6
     # The second mini-batch runs on updated weights against old logprobs scored before the first update.
@@ -94,8 +98,8 @@ def test_updates_per_batch(vl_model, start_adapter):
     assert ma["sampler_abs_diff_max"] == pytest.approx(ms["sampler_abs_diff_max"], rel=1e-6)
 
 
-def test_batch_without_generated_tokens_is_skipped(vl_model):
-    worker = TrainWorker(vl_model, train=TrainConfig(lr=1.0, warmup_steps=2))
+def test_batch_without_generated_tokens_is_skipped(tiny_vl):
+    worker = TrainWorker(tiny_vl, train=TrainConfig(lr=1.0, warmup_steps=2))
     batch = trajectories(worker.processor, 2, turns=1)
     for traj in batch:
         seg = traj.segments[0]
@@ -128,35 +132,35 @@ def ray_session():
 
 
 @pytest.fixture(scope="module")
-def two_ranks(ray_session, vl_model, start_adapter, tmp_path_factory):
+def two_ranks(ray_session, tiny_vl, start_adapter, tmp_path_factory):
     """Three steps on 2 FSDP ranks with a checkpoint after the second, one process beside the first step,
     then new ranks that resume from the checkpoint and redo the third step; those stay up for the tests.
     Seven sequences, three per micro-batch: one rank gets four (two passes), the other three (one pass
     and a zero-weight filler pass that keeps FSDP's collectives in step)."""
     root = tmp_path_factory.mktemp("two-ranks")
-    processor = forward.load_processor(vl_model)
+    processor = forward.load_processor(tiny_vl)
     batches = [(trajectories(processor, 7, seed=s), advantages(7, seed=s)) for s in range(3)]
     run = {"root": root}
-    group = TrainGroup(vl_model, 2, algorithm=ALGO, train=comparable(3), adapter_path=start_adapter)
+    group = TrainGroup(tiny_vl, 2, algorithm=ALGO, train=comparable(3), adapter_path=start_adapter)
     try:
-        single = TrainWorker(vl_model, algorithm=ALGO, train=comparable(64), adapter_path=start_adapter)
+        single = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(64), adapter_path=start_adapter)
         run["metrics"] = (group.train_step(*batches[0]), single.train_step(*batches[0]))
         run["adapters"] = (group.gather_adapter(), single.gather_adapter())
         group.train_step(*batches[1])
         random.seed(123)
-        group.save_checkpoint(root / "ckpt", data_cursor=14, state={"note": "after two"})
+        group.save_checkpoint(root / "ckpt", state={"note": "after two"})
         run["driver_draw"] = random.random()
         group.train_step(*batches[2])
-        run["straight"] = group.gather_state()
+        run["straight"] = saved_state(group.save_checkpoint(root / "straight"))
     finally:
         group.shutdown()
     random.seed(456)
-    resumed = TrainGroup(vl_model, 2, algorithm=ALGO, train=comparable(3), adapter_path=start_adapter)
+    resumed = TrainGroup(tiny_vl, 2, algorithm=ALGO, train=comparable(3), adapter_path=start_adapter)
     try:
         run["resumed_info"] = resumed.load_checkpoint(root / "ckpt")
         run["resumed_draw"] = random.random()
         resumed.train_step(*batches[2])
-        run["resumed"] = resumed.gather_state()
+        run["resumed"] = saved_state(resumed.save_checkpoint(root / "resumed"))
         run["group"] = resumed
         yield run
     finally:
@@ -177,21 +181,14 @@ def test_two_fsdp_ranks_match_one_process(two_ranks):
 @pytest.mark.slow
 def test_resume_on_new_ranks_is_bitwise(two_ranks):
     info, straight, resumed = two_ranks["resumed_info"], two_ranks["straight"], two_ranks["resumed"]
-    assert info["step"] == 2 and info["data_cursor"] == 14 and info["state"] == {"note": "after two"}
+    assert info["step"] == 2 and info["state"] == {"note": "after two"}
     assert two_ranks["resumed_draw"] == two_ranks["driver_draw"]  # the driver's random state came back
-    assert straight["step"] == resumed["step"] == 3
-    assert straight["model"].keys() == resumed["model"].keys()
-    for k, v in straight["model"].items():
-        assert torch.equal(v, resumed["model"][k]), k
-    assert straight["optim"]["state"].keys() == resumed["optim"]["state"].keys()
-    for k, state in straight["optim"]["state"].items():
-        for n, v in state.items():
-            assert torch.equal(torch.as_tensor(v), torch.as_tensor(resumed["optim"]["state"][k][n])), (k, n)
-    assert straight["optim"]["param_groups"] == resumed["optim"]["param_groups"]
+    assert straight["step"] == 3 and straight["model"] and straight["optim"]["state"]
+    assert_same_state(straight, resumed)  # the checkpoints after step 3: weights and optimizer state
 
 
 @pytest.mark.slow
-def test_gathered_adapter_serves_in_vllm_and_peft(two_ranks, vl_model, tmp_path, monkeypatch):
+def test_gathered_adapter_serves_in_vllm_and_peft(two_ranks, tiny_vl, tmp_path, monkeypatch):
     import tempfile
 
     from rollout import runtime
@@ -208,7 +205,7 @@ def test_gathered_adapter_serves_in_vllm_and_peft(two_ranks, vl_model, tmp_path,
     group, store = two_ranks["group"], tmp_path / "store"
     version = group.publish(store)
     assert version == 1
-    worker = RolloutWorker(EngineConfig(model=vl_model, max_lora_rank=8), store_root=str(store))
+    worker = RolloutWorker(EngineConfig(model=str(tiny_vl), max_lora_rank=8), store_root=str(store))
     try:
         assert worker.sync_adapter(version) == version
         tasks = [Task("maze", s, {"size": 7, "max_turns": 2}) for s in range(2)]
@@ -221,10 +218,11 @@ def test_gathered_adapter_serves_in_vllm_and_peft(two_ranks, vl_model, tmp_path,
     metrics = group.train_step(batch, [0.0] * len(batch))
     assert metrics["sampler_abs_diff_max"] <= 1e-4
 
-    processor = forward.load_processor(vl_model)
-    base = forward.load_model(vl_model)
+    processor = forward.load_processor(tiny_vl)
+    base = forward.load_model(tiny_vl)
     peft_model = PeftModel.from_pretrained(base, AdapterStore(store).verify(version).path).eval()
-    seqs = [forward.expand(processor, s.token_ids, s.images, [torch.tensor(s.loss_mask), torch.tensor(s.sampler_logprobs)])
+    seqs = [forward.expand(processor, s.token_ids, s.images,
+                           [torch.tensor(s.loss_mask), torch.tensor(s.sampler_logprobs)])
             for t in batch for s in t.segments]
     b = forward.collate(processor, seqs, forward.tokenizer_of(processor).pad_token_id)
     mask = b.per_token[0].bool()

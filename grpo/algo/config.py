@@ -21,7 +21,7 @@ class AlgorithmConfig:
     group_size: int = 8  # episodes per task (G)
     scale_rewards: str = "group"  # "group": divide by the group's std + eps; "none": Dr. GRPO
     baseline: str = "mean"  # "mean" | "leave_one_out" (each episode's baseline excludes itself, RLOO)
-    eps: float = 1e-6
+    eps: float = 1e-6  # added to the group's std before dividing by it
     drop_zero_signal_groups: bool = False  # groups whose rewards are all equal: keep (advantage 0) or drop
     clip_low: float = 0.2  # the ratio is clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.28  # clip-higher (DAPO): more room for raising unlikely tokens, against collapse

@@ -8,7 +8,7 @@ gradients to its gradient, however the batch is split.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -22,6 +22,7 @@ _MAX_LOG_RATIO = 20.0
 class LossOutput:
     loss: torch.Tensor  # scalar: this micro-batch's share of the batch loss (backward it, or sum and backward)
     metrics: dict[str, torch.Tensor]  # detached means over this call's generated tokens
+    maxima: dict[str, torch.Tensor]  # detached maxima over this call's generated tokens (0 without any)
     tokens: torch.Tensor  # generated tokens in this call: the weight for merging metrics (merge_metrics)
 
 
@@ -57,7 +58,9 @@ def policy_loss(
     [1 - clip_low, 1 + clip_high] (the pessimistic max of the clipped and unclipped losses); with
     `dual_clip` c a negative advantage's loss is at most c * |A|. With `tis_cap` the policy term is weighted
     by min(exp(old_logprobs - sampler_logprobs), tis_cap), detached. With `kl_coef` > 0 it adds
-    kl_coef * KL estimate against `ref_logprobs` (which is logged whenever given).
+    kl_coef * KL estimate against `ref_logprobs` (which is logged whenever given). Given `sampler_logprobs`
+    it logs |old_logprobs - sampler_logprobs|, mean (sampler_abs_diff) and max (sampler_abs_diff_max):
+    trainer vs rollout engine on the sampled tokens, the alarm for a weight sync that silently failed.
 
     All log-prob tensors are (B, T) over the same tokens; `advantages` is (B,) or (B, T); `mask` is 1 on
     generated tokens, 0 on prompt, observation and padding tokens (their values are never used).
@@ -81,7 +84,7 @@ def policy_loss(
     m = mask.bool()
     tokens = m.sum()
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-    metrics = {}
+    metrics, maxima = {}, {}
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return torch.where(m, x.detach().to(logprobs.dtype), 0.0).sum() / tokens.clamp(min=1)
@@ -101,6 +104,7 @@ def policy_loss(
     if sampler_logprobs is not None:
         mismatch = _masked(old_logprobs - sampler_logprobs, m).detach()
         metrics["sampler_abs_diff"] = mean(mismatch.abs())
+        maxima["sampler_abs_diff_max"] = mismatch.abs().max()  # masked-out tokens are 0: they never win
         if config.tis_cap is not None:
             weight = mismatch.exp().clamp(max=config.tis_cap)
             pg = pg * weight
@@ -118,18 +122,29 @@ def policy_loss(
         total = (per_token.sum(dim=-1) / m.sum(dim=-1).clamp(min=1)).sum()
     else:
         total = per_token.sum()
-    return LossOutput(loss=total / normalizer, metrics=metrics, tokens=tokens)
+    return LossOutput(loss=total / normalizer, metrics=metrics, maxima=maxima, tokens=tokens)
 
 
-def merge_metrics(outputs: Sequence[LossOutput]) -> dict[str, float]:
+def merge_metrics(outputs: Sequence[LossOutput],
+                  reduce: Optional[Callable[[list[float], str], list[float]]] = None) -> dict[str, float]:
     """Batch metrics from micro-batch outputs: token-weighted means (a plain mean of means would weight a
-    short micro-batch like a long one), plus the batch loss."""
-    tokens = sum(float(o.tokens) for o in outputs)
-    merged = {
-        name: sum(float(o.metrics[name]) * float(o.tokens) for o in outputs) / max(tokens, 1.0)
-        for name in outputs[0].metrics
-    }
-    merged["loss"] = sum(float(o.loss.detach()) for o in outputs)
+    short micro-batch like a long one), the maxima, generated_tokens and the batch loss (the sum of the
+    outputs' losses).
+
+    With data parallelism pass `reduce(values, op)`, op "sum" or "max" over all ranks
+    (grpo.learner.dist.all_reduce), and call it on every rank with outputs of the same policy_loss
+    settings: the metrics then cover every rank's outputs.
+    """
+    reduce = reduce or (lambda values, op: values)
+    means, maxima = list(outputs[0].metrics), list(outputs[0].maxima)
+    tokens = [float(o.tokens) for o in outputs]
+    sums = reduce([sum(float(o.metrics[n]) * w for o, w in zip(outputs, tokens)) for n in means]
+                  + [sum(tokens), sum(float(o.loss.detach()) for o in outputs)], "sum")
+    total = sums[len(means)]
+    merged = {n: s / max(total, 1.0) for n, s in zip(means, sums)}
+    if maxima:
+        merged.update(zip(maxima, reduce([max(float(o.maxima[n]) for o in outputs) for n in maxima], "max")))
+    merged.update(loss=sums[len(means) + 1], generated_tokens=total)
     return merged
 
 

@@ -25,6 +25,7 @@ class TrainGroup:
 
     def __init__(self, model_path: str, world_size: int = 2, *, lora: LoraConfig | None = None,
                  algorithm: AlgorithmConfig | None = None, train: TrainConfig | None = None,
+                 temperature: float = 1.0, total_steps: int | None = None,
                  adapter_path: str | None = None, dtype: str = "auto", cpus_per_rank: float = 1,
                  gpus_per_rank: float | None = None, resources: dict | None = None, start_timeout_s: float = 600,
                  call_timeout_s: float = 1800):
@@ -49,7 +50,8 @@ class TrainGroup:
             self.workers = [
                 actor.options(num_cpus=cpus_per_rank, num_gpus=gpus_per_rank, resources=dict(resources or {}),
                               scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, r)).remote(
-                    model_path, lora=lora, algorithm=algorithm, train=train, adapter_path=adapter_path,
+                    model_path, lora=lora, algorithm=algorithm, train=train, temperature=temperature,
+                    total_steps=total_steps, adapter_path=adapter_path,
                     rank=r, world_size=world_size, dtype=dtype)
                 for r in range(world_size)
             ]
@@ -60,7 +62,8 @@ class TrainGroup:
                 gather(self._named([w.setup.remote(addr, port) for w in self.workers]), start_timeout_s,
                        "forming the train ranks' process group")
             else:
-                gather(self._named([self.workers[0].__ray_ready__.remote()]), start_timeout_s, "starting the train rank")
+                gather(self._named([self.workers[0].__ray_ready__.remote()]), start_timeout_s,
+                       "starting the train rank")
         except BaseException:
             self.shutdown()
             raise
@@ -91,15 +94,10 @@ class TrainGroup:
     def publish(self, store_root: str) -> int:
         return self._all("publish", os.fspath(store_root))[0]
 
-    def gather_state(self) -> dict[str, Any]:
-        return self._all("gather_state")[0]
-
-    def save_checkpoint(self, root: str, *, data_cursor: Any = None, state: dict | None = None,
-                        keep_last: int = 2) -> str:
+    def save_checkpoint(self, root: str, *, state: dict | None = None, keep_last: int = 2) -> str:
         """As TrainWorker.save_checkpoint, plus this (driver) process's random state."""
         wrapped = {"driver_rng": checkpoint.rng_state(), "state": state}
-        return self._all("save_checkpoint", os.fspath(root), data_cursor=data_cursor, state=wrapped,
-                         keep_last=keep_last)[0]
+        return self._all("save_checkpoint", os.fspath(root), state=wrapped, keep_last=keep_last)[0]
 
     def load_checkpoint(self, root: str) -> dict[str, Any] | None:
         resumed = self._all("load_checkpoint", os.fspath(root))[0]

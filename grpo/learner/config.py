@@ -13,21 +13,20 @@ class TrainConfig:
     """AdamW on the LoRA weights, its learning-rate schedule and how a batch is split into passes.
 
     Steps count `train_step` calls (one rollout batch each). The learning rate changes once per step, so
-    the `updates_per_batch` optimizer updates of one batch share it (as verl and OpenRLHF do).
+    the `updates_per_batch` optimizer updates of one batch share it (as verl and OpenRLHF do). The cosine
+    schedule runs over the run's `steps`; the trainer scores at the run's one temperature, rollout.temperature.
     """
 
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
+    lr: float = 1e-5  # the peak learning rate
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW's moment decay rates
+    adam_eps: float = 1e-8  # AdamW's epsilon
     warmup_steps: int = 0  # linear ramp from lr / warmup_steps to lr over the first steps
-    schedule: str = "constant"  # after warmup: "constant" | "cosine" (to min_lr_ratio * lr at total_steps)
-    total_steps: Optional[int] = None  # the cosine schedule's length; needed for "cosine" only
-    min_lr_ratio: float = 0.0
+    schedule: str = "constant"  # after warmup: "constant" | "cosine" (to min_lr_ratio * lr at the last step)
+    min_lr_ratio: float = 0.0  # the cosine schedule's floor, a share of lr
     max_grad_norm: Optional[float] = 1.0  # global L2 norm over all ranks; None: no clipping (norm still logged)
     micro_batch_size: int = 8  # sequences per forward/backward on one rank; does not change the update
     updates_per_batch: int = 1  # optimizer updates per batch (mini-batches); > 1 scores old logprobs first
-    temperature: float = 1.0  # logits are divided by it before scoring: the temperature vLLM sampled with
     seed: int = 0  # the adapter's initialisation and the workers' random state
 
     def __post_init__(self):
@@ -43,25 +42,25 @@ class TrainConfig:
         check_number(self, "adam_eps", gt=0)
         check_number(self, "warmup_steps", integer=True, ge=0)
         check_choice(self, "schedule", ("constant", "cosine"))
-        check_number(self, "total_steps", integer=True, ge=1, optional=True)
-        require(
-            self, "total_steps",
-            self.schedule != "cosine" or (self.total_steps is not None and self.total_steps > self.warmup_steps),
-            f"an integer > warmup_steps ({self.warmup_steps}) when schedule='cosine'",
-        )
         check_number(self, "min_lr_ratio", ge=0, le=1)
         check_number(self, "max_grad_norm", gt=0, optional=True, hint="e.g. 1.0")
         check_number(self, "micro_batch_size", integer=True, ge=1)
         check_number(self, "updates_per_batch", integer=True, ge=1)
-        check_number(self, "temperature", gt=0, hint="the sampling temperature; greedy rollouts do not train")
         check_number(self, "seed", integer=True, ge=0)
 
-    def lr_at(self, step: int) -> float:
-        """The learning rate of step `step` (0-based)."""
+    def check_length(self, owner, name: str) -> None:
+        """`owner.name`, the number of steps the schedule runs over, suits it: cosine needs more than the warmup."""
+        steps = getattr(owner, name)
+        require(owner, name, self.schedule != "cosine" or (steps is not None and steps > self.warmup_steps),
+            f"an integer > train.warmup_steps ({self.warmup_steps}) with train.schedule='cosine', "
+            "which runs over the run's steps")
+
+    def lr_at(self, step: int, total_steps: Optional[int] = None) -> float:
+        """The learning rate of step `step` (0-based) of `total_steps` (the schedule's length; cosine only)."""
         if step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
         if self.schedule == "constant":
             return self.lr
-        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        progress = min(1.0, (step - self.warmup_steps) / (total_steps - self.warmup_steps))
         ratio = self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
         return self.lr * ratio

@@ -1,29 +1,21 @@
-"""The trainer ranks' process group: device, backend, rendezvous address, and the few collectives it needs.
+"""The trainer ranks' process group: backend, rendezvous address, and the few collectives it needs.
 
 The device decides the backend (gloo on CPU, NCCL on GPU). Rank 0 picks the rendezvous port on its own
 node, since only a process there can tell which ports are free; the driver passes it to every rank.
 """
 from __future__ import annotations
 
-import os
 import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from rollout.runtime import has_cuda
-
-
-def device() -> torch.device:
-    if not has_cuda():
-        return torch.device("cpu")
-    # A Ray actor sees only its own GPU (index 0); under torchrun LOCAL_RANK names it.
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+from rollout import runtime
 
 
 def backend() -> str:
-    return "nccl" if has_cuda() else "gloo"
+    return "nccl" if runtime.has_cuda() else "gloo"
 
 
 def node_address() -> str:
@@ -52,8 +44,8 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
         raise RuntimeError(
             "this process already belongs to a process group: run one trainer rank per process "
             "(a Ray actor each), or use world_size=1, which needs no group")
-    if has_cuda():
-        torch.cuda.set_device(device())
+    if runtime.has_cuda():
+        torch.cuda.set_device(0)  # a Ray actor sees only its own GPU
     dist.init_process_group(
         backend(), init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
@@ -73,7 +65,7 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     """Reduce a few floats over all ranks (identity with one rank); float64, so sums of counts stay exact."""
     if not active():
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=device())
+    t = torch.tensor(values, dtype=torch.float64, device=runtime.device())
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
     return t.tolist()
 

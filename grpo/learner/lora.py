@@ -14,10 +14,10 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 @dataclass(frozen=True)
 class LoraConfig:
-    rank: int = 32
-    alpha: float = 64.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = DEFAULT_TARGETS
+    rank: int = 32  # r of the low-rank update B @ A; vLLM serves adapters up to this rank
+    alpha: float = 64.0  # the update is scaled by alpha / rank
+    dropout: float = 0.0  # LoRA dropout on the adapter's input while training
+    target_modules: tuple[str, ...] = DEFAULT_TARGETS  # names of the linear layers that get an adapter
 
     def __post_init__(self):
         check_number(self, "rank", integer=True, ge=1)

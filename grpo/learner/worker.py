@@ -20,11 +20,11 @@ from typing import Any, Sequence
 
 import torch
 
+from grpo.algo.config import AlgorithmConfig, check_number
+from grpo.algo.loss import LossOutput, loss_normalizer, merge_metrics, policy_loss
 from grpo.learner import checkpoint, dist, forward
-from grpo.algo.config import AlgorithmConfig
-from grpo.learner.lora import LoraConfig, adapter_config, adapter_tensors, apply_lora
-from grpo.algo.loss import LossOutput, loss_normalizer, policy_loss
 from grpo.learner.config import TrainConfig
+from grpo.learner.lora import LoraConfig, adapter_config, adapter_tensors, apply_lora
 from rollout import runtime
 
 
@@ -74,6 +74,7 @@ class TrainWorker:
 
     def __init__(self, model_path: str, *, lora: LoraConfig | None = None,
                  algorithm: AlgorithmConfig | None = None, train: TrainConfig | None = None,
+                 temperature: float = 1.0, total_steps: int | None = None,
                  adapter_path: str | None = None, rank: int = 0, world_size: int = 1, dtype: str = "auto",
                  cpu_threads: int | None = None):
         if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
@@ -82,11 +83,15 @@ class TrainWorker:
         self.lora = lora or LoraConfig()
         self.algorithm = algorithm or AlgorithmConfig()
         self.train = train or TrainConfig()
+        # Logits are divided by the temperature vLLM sampled at before scoring; the schedule runs over total_steps.
+        self.temperature, self.total_steps = temperature, total_steps
+        check_number(self, "temperature", gt=0, hint="the sampling temperature, rollout.temperature")
+        self.train.check_length(self, "total_steps")
         self.rank, self.world_size = rank, world_size
-        self.device = dist.device()
+        self.device = torch.device(runtime.device())
         if self.device.type == "cpu":
-            # One OpenMP thread per rank: more threads than cores per process thrash (DESIGN.md). A single
-            # rank takes every core: Ray starts a 1-CPU actor with one thread, and the rollout engine idles
+            # One OpenMP thread per rank: more threads than cores per process thrash (docs/design.md, "Threads"). A
+            # single rank takes every core: Ray starts a 1-CPU actor with one thread, and the rollout engine idles
             # while the trainer runs.
             threads = cpu_threads if cpu_threads is not None else (1 if world_size > 1 else os.cpu_count() or 1)
             if threads is not None:
@@ -126,15 +131,15 @@ class TrainWorker:
             self._shard()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         t = self.train
-        self.optimizer = torch.optim.AdamW(self.params, lr=t.lr_at(0), betas=tuple(t.betas), eps=t.adam_eps,
-                                           weight_decay=t.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.params, lr=t.lr_at(0, self.total_steps), betas=tuple(t.betas),
+                                           eps=t.adam_eps, weight_decay=t.weight_decay)
 
     def _shard(self) -> None:
         from torch.distributed.fsdp import fully_shard
 
         # Decoder layers are units of their own; everything else, the vision tower included, stays in the
         # root unit: with vision blocks as units, a rank whose micro-batch has no image skips their
-        # collectives and gloo aborts (DESIGN.md).
+        # collectives and gloo aborts (docs/design.md, "FSDP2").
         for layer in self.model.get_base_model().get_decoder().layers:
             fully_shard(layer)
         fully_shard(self.model)
@@ -162,7 +167,7 @@ class TrainWorker:
             raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages: one per trajectory")
         items = [_Item(seg, adv) for traj, a in zip(trajectories, advantages)
                  for seg, adv in zip(traj.segments, token_advantages(traj, a)) if seg.num_generated > 0]
-        lr = self.train.lr_at(self.step)
+        lr = self.train.lr_at(self.step, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.step += 1
@@ -176,41 +181,26 @@ class TrainWorker:
         expanded = {i: self._expand(items[i]) for plan in plans for mb, _ in plan.schedule() for i in mb}
         scored = self._score(plans, expanded) if self.train.updates_per_batch > 1 else None
 
-        names: list[str] | None = None
-        sums: dict[str, float] = {}
-        loss, norms, ran_tokens, diff_max = 0.0, [], 0, 0.0
+        outputs, norms, ran_tokens = [], [], 0
         for plan in plans:
-            outputs, n_tokens, d_max = self._update(plan, items, expanded, scored)
-            names = names or [n for n in outputs[0][0].metrics]
-            for out, real in outputs:
-                if real:
-                    for n in names:
-                        sums[n] = sums.get(n, 0.0) + float(out.metrics[n]) * float(out.tokens)
-                    sums["tokens"] = sums.get("tokens", 0.0) + float(out.tokens)
-                    loss += float(out.loss.detach())
+            plan_outputs, n_tokens = self._update(plan, items, expanded, scored)
+            outputs += plan_outputs
             ran_tokens += n_tokens
-            diff_max = max(diff_max, d_max)
             norms.append(self._last_grad_norm)
 
-        keys = names + ["tokens"]
-        reduced = dist.all_reduce([sums.get(k, 0.0) for k in keys] + [loss, float(ran_tokens)])
-        (diff_max,) = dist.all_reduce([diff_max], op="max")
-        totals = dict(zip(keys, reduced[: len(keys)]))
-        gen_tokens = totals["tokens"]
-        # Each rank's loss carries a factor world_size (its normaliser is divided by it, as FSDP averages
-        # gradients); the batch loss is their mean, averaged over the updates.
-        metrics = {n: totals[n] / max(gen_tokens, 1.0) for n in names}
+        metrics = merge_metrics(outputs, dist.all_reduce)
+        (ran_tokens,) = dist.all_reduce([float(ran_tokens)])
         metrics.update({
-            "loss": reduced[len(keys)] / self.world_size / len(plans),
+            # Each rank's loss carries a factor world_size (its normaliser is divided by it, as FSDP averages
+            # gradients); the batch loss is their mean, averaged over the updates.
+            "loss": metrics["loss"] / self.world_size / len(plans),
             "grad_norm": sum(norms) / len(norms),
             "lr": lr,
-            "tokens_per_s": reduced[len(keys) + 1] / (time.perf_counter() - t0),
-            "generated_tokens": gen_tokens,
+            "tokens_per_s": ran_tokens / (time.perf_counter() - t0),
             "sequences": float(len(items)),
             "updates": float(len(plans)),
             "step": float(self.step),
             "skipped": 0.0,
-            "sampler_abs_diff_max": diff_max,
         })
         return metrics
 
@@ -251,7 +241,7 @@ class TrainWorker:
         self.model.eval()  # no LoRA dropout in a reference
         try:
             with torch.no_grad(), self.model.disable_adapter():
-                return forward.token_logprobs(self.model, batch, mask, self.train.temperature)
+                return forward.token_logprobs(self.model, batch, mask, self.temperature)
         finally:
             self.model.train(training)
 
@@ -265,7 +255,7 @@ class TrainWorker:
                 batch = self._batch(indices, expanded)
                 mask = batch.per_token[0]
                 with torch.no_grad():
-                    old = forward.token_logprobs(self.model, batch, mask, self.train.temperature)
+                    old = forward.token_logprobs(self.model, batch, mask, self.temperature)
                 ref = self._reference(batch, mask)
                 for row, i in enumerate(indices):
                     n = len(expanded[i].input_ids)
@@ -275,8 +265,8 @@ class TrainWorker:
     def _update(self, plan: _Plan, items: list[_Item], expanded: dict, scored: dict | None):
         self.model.train()
         schedule = plan.schedule()
-        outputs: list[tuple[LossOutput, bool]] = []
-        ran_tokens, diff_max = 0, 0.0
+        outputs: list[LossOutput] = []
+        ran_tokens = 0
         for k, (indices, real) in enumerate(schedule):
             if self._fsdp:
                 # Reduce-scatter the accumulated gradients once, after the last micro-batch.
@@ -285,29 +275,27 @@ class TrainWorker:
             mask, sampler, adv = batch.per_token[0], batch.per_token[1], batch.per_token[2]
             if scored is None:
                 ref = self._reference(batch, mask)
-                logprobs = forward.token_logprobs(self.model, batch, mask, self.train.temperature)
+                logprobs = forward.token_logprobs(self.model, batch, mask, self.temperature)
                 old = logprobs.detach()
             else:
                 old = batch.per_token[3]
                 ref = batch.per_token[4] if len(batch.per_token) > 4 else None
-                logprobs = forward.token_logprobs(self.model, batch, mask, self.train.temperature)
-            out = policy_loss(logprobs, old, adv, mask, self.algorithm, plan.normalizer / self.world_size,
-                              ref_logprobs=ref, sampler_logprobs=sampler)
-            # A filler pass only keeps this rank's collectives in step with the others: zero weight.
-            (out.loss if real else out.loss * 0.0).backward()
-            outputs.append((out, real))
+                logprobs = forward.token_logprobs(self.model, batch, mask, self.temperature)
+            # A filler pass only keeps this rank's collectives in step with the others: with no token in its
+            # loss mask it has loss 0, no gradient and no weight in the metrics.
+            out = policy_loss(logprobs, old, adv, mask if real else torch.zeros_like(mask), self.algorithm,
+                              plan.normalizer / self.world_size, ref_logprobs=ref, sampler_logprobs=sampler)
+            out.loss.backward()
+            outputs.append(out)
             if real:
                 ran_tokens += int(batch.attention_mask.sum())
-                m = mask.bool()
-                if m.any():
-                    diff_max = max(diff_max, float((old[m] - sampler[m]).abs().max()))
         # Summed over ranks, as the gradient norm is: a NaN on any rank stops every rank.
-        loss_sum = dist.all_reduce([sum(float(out.loss.detach()) for out, real in outputs if real)])[0]
+        loss_sum = dist.all_reduce([sum(float(out.loss.detach()) for out in outputs)])[0]
         self._last_grad_norm = self._clip_gradients()
         self._require_finite(loss_sum, self._last_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return outputs, ran_tokens, diff_max
+        return outputs, ran_tokens
 
     def _require_finite(self, loss: float, grad_norm: float) -> None:
         """Refuse an update whose loss or gradient norm is NaN or infinite before the optimizer applies it:
@@ -371,35 +359,18 @@ class TrainWorker:
         self.adapter_version = dist.broadcast_object(version)
         return self.adapter_version
 
-    def gather_state(self) -> dict[str, Any] | None:
-        """Full (unsharded) LoRA weights and optimizer state on rank 0, None elsewhere; collective.
-        For inspection and tests: a checkpoint saves the shards without gathering them."""
-        self._require_setup()
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=StateDictOptions(
-            full_state_dict=self._fsdp, cpu_offload=True, ignore_frozen_params=True))
-        if self.rank != 0:
-            return None
-        detach = lambda x: x.detach().cpu().clone() if torch.is_tensor(x) else x  # noqa: E731
-        return {"model": {k: detach(v) for k, v in model_sd.items()},
-                "optim": {"state": {k: {n: detach(v) for n, v in s.items()} for k, s in optim_sd["state"].items()},
-                          "param_groups": optim_sd["param_groups"]},
-                "step": self.step}
-
     # ------------------------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, root: str, *, data_cursor: Any = None, state: dict | None = None,
-                        keep_last: int = 2) -> str:
-        """Checkpoint LoRA weights, optimizer state, step, adapter version, `data_cursor`, `state` (anything
-        else the caller needs to resume) and each rank's random state; collective. Returns its folder."""
+    def save_checkpoint(self, root: str, *, state: dict | None = None, keep_last: int = 2) -> str:
+        """Checkpoint LoRA weights, optimizer state, step, adapter version, `state` (anything else the caller
+        needs to resume: the data cursor, ...) and each rank's random state; collective. Returns its folder."""
         self._require_setup()
-        trainer_state = {"adapter_version": self.adapter_version, "data_cursor": data_cursor, "state": state,
+        trainer_state = {"adapter_version": self.adapter_version, "state": state,
                          "train_config": dataclasses.asdict(self.train)}
         return checkpoint.save(root, self.step, self.model, self.optimizer, trainer_state, keep_last).path
 
     def load_checkpoint(self, root: str) -> dict[str, Any] | None:
         """Resume from the latest complete checkpoint under root; collective. Returns {"step", "path",
-        "adapter_version", "data_cursor", "state"} as saved, or None when root holds no checkpoint.
+        "adapter_version", "state"} as saved, or None when root holds no checkpoint.
         Publish the adapter again before rolling out: the store may hold versions from after the checkpoint."""
         self._require_setup()
         found = checkpoint.load(root, self.model, self.optimizer)
@@ -408,8 +379,9 @@ class TrainWorker:
         info, saved = found
         self.step = info.step
         self.adapter_version = saved["adapter_version"]
+        # Checkpoints written before December 2026 also hold a "data_cursor": unused, the cursor is in `state`.
         return {"step": info.step, "path": info.path, "adapter_version": saved["adapter_version"],
-                "data_cursor": saved["data_cursor"], "state": saved["state"]}
+                "state": saved["state"]}
 
 
 def _split(n: int, parts: int, seed: int) -> list[list[int]]:
