@@ -3,7 +3,9 @@
     config = RunConfig.from_yaml("examples/maze/cpu.yaml", overrides=["--algo.clip_high", "0.28"])
 
 Every section validates itself when built, so a bad value fails before Ray or vLLM start, with an error
-that names the field (`algorithm.clip_low`), the value and what is allowed.
+that names the field (`AlgorithmConfig.clip_low`), the value and what is allowed. The rollout and engine
+sections are rollout.worker.RolloutConfig and rollout.engine.VllmConfig themselves; docs/config.md lists every
+field (`python -m grpo.tools.config_reference --write docs/config.md`).
 """
 from __future__ import annotations
 
@@ -15,76 +17,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from envs.seeds import parse_seeds
 from grpo.algo.config import AlgorithmConfig, ConfigError, check_bool, check_number, require
 from grpo.driver.fault import FaultConfig
-from grpo.learner.lora import LoraConfig
 from grpo.learner.config import TrainConfig
+from grpo.learner.lora import LoraConfig
+from rollout.engine import EngineConfig, VllmConfig
+from rollout.worker import RolloutConfig
 
 # Short names accepted on the command line and in YAML for the long section names.
 ALIASES = {"algo": "algorithm", "opt": "train"}
 
 
-def parse_seeds(spec) -> list[int]:
-    """"0-63", "0-3,10,20-21", a list of ints, or an int count meaning 0..n-1."""
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        return list(range(spec))
-    if isinstance(spec, (list, tuple, range)):
-        return [int(s) for s in spec]
-    seeds: list[int] = []
-    for part in str(spec).split(","):
-        part = part.strip()
-        if "-" in part[1:]:
-            lo, hi = part.split("-", 1) if not part.startswith("-") else (part, part)
-            seeds.extend(range(int(lo), int(hi) + 1))
-        elif part:
-            seeds.append(int(part))
-    return seeds
-
-
 @dataclass(frozen=True)
 class EnvConfig:
-    name: str = "maze"
-    options: dict = field(default_factory=dict)
+    name: str = "maze"                           # a registered env (envs.registry)
+    options: dict = field(default_factory=dict)  # keyword arguments of the env's constructor, e.g. {size: 9}
 
     def __post_init__(self):
         require(self, "name", isinstance(self.name, str) and bool(self.name), "a registered env name, e.g. 'maze'")
         require(self, "options", isinstance(self.options, dict), "a mapping of the env's options")
-
-
-@dataclass(frozen=True)
-class RolloutSection:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens_per_turn: int = 32
-    stop: tuple = ()
-    history: str = "auto"
-    system_prompt: Optional[str] = None
-    max_turns: Optional[int] = None   # episode cap whatever the env says (its own limit still applies)
-    env_workers: int = 64             # threads running env calls at once (for envs that wait); 1: in turn
-    env_retries: int = 2              # re-runs of a group whose env failed, with fresh envs, before the run stops
-    max_model_len: int = 4096
-    kv_cache_memory_bytes: int = 512 << 20
-    gpu_memory_utilization: float = 0.4
-    dtype: str = "auto"
-
-    def __post_init__(self):
-        check_number(self, "temperature", gt=0, hint="training samples; greedy (0) is for evaluation")
-        check_number(self, "max_model_len", integer=True, ge=64)
-        check_number(self, "kv_cache_memory_bytes", integer=True, ge=1 << 20)
-        check_number(self, "gpu_memory_utilization", gt=0, le=1)
-        self.rollout_config()
-
-    def rollout_config(self):
-        from rollout.worker import RolloutConfig
-
-        try:
-            return RolloutConfig(temperature=self.temperature, top_p=self.top_p,
-                                 max_tokens_per_turn=self.max_tokens_per_turn, stop=tuple(self.stop),
-                                 history=self.history, system_prompt=self.system_prompt,
-                                 max_turns=self.max_turns, env_workers=self.env_workers,
-                                 env_retries=self.env_retries)
-        except ConfigError as e:
-            raise ConfigError(self, e.field.split(".")[-1], e.value, e.allowed) from None
 
 
 @dataclass(frozen=True)
@@ -107,7 +59,7 @@ class EvalConfig:
 @dataclass(frozen=True)
 class CheckpointConfig:
     every: int = 10   # steps between checkpoints; one is always written at the end
-    keep: int = 2
+    keep: int = 2     # checkpoints kept on disk, the newest
 
     def __post_init__(self):
         check_number(self, "every", integer=True, ge=1)
@@ -123,7 +75,7 @@ class ClusterConfig:
     # Extra Ray resources each rollout worker / each train rank asks for, e.g. {"rollout_node": 1}: with
     # custom resources on the nodes (`ray start --resources`) they put rollout and training on chosen nodes.
     rollout_resources: dict = field(default_factory=dict)
-    train_resources: dict = field(default_factory=dict)
+    train_resources: dict = field(default_factory=dict)  # as rollout_resources, for each train rank
 
     def __post_init__(self):
         check_number(self, "rollout_workers", integer=True, ge=1)
@@ -143,12 +95,12 @@ class WandbConfig:
     """Weights & Biases logging, optional (`pip install 'grpo[wandb]'`). mode "auto" logs online when an API
     key is configured (WANDB_API_KEY or `wandb login`) and the W&B server answers, else offline into the run
     folder, from where `wandb sync RUN/wandb/offline-run-*` uploads it later."""
-    project: str = ""
+    project: str = ""               # the W&B project to log to (required)
     mode: str = "auto"              # "auto" | "online" | "offline"
     entity: Optional[str] = None    # the W&B team or user; None: the key's default entity
     name: Optional[str] = None      # the run's display name; None: the run folder's name
-    group: Optional[str] = None
-    tags: tuple = ()
+    group: Optional[str] = None     # W&B's run group, e.g. one per sweep
+    tags: tuple = ()                # W&B's run tags
 
     def __post_init__(self):
         require(self, "project", isinstance(self.project, str) and bool(self.project),
@@ -163,9 +115,9 @@ class WandbConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    tensorboard: bool = True
+    tensorboard: bool = True                # write TensorBoard events into the run folder
     prometheus_port: Optional[int] = None   # serve /metrics while running (Grafana scrapes it)
-    plots: bool = True
+    plots: bool = True                      # draw the run's curves (PNG) into the run folder at the end
     samples_per_step: int = 4   # decoded episodes a step written to samples.jsonl (0: none)
     wandb: Optional[WandbConfig] = None   # e.g. {project: maze-grpo}; None: no W&B
 
@@ -185,25 +137,26 @@ class MetricsConfig:
 
 SECTIONS = {
     "env": EnvConfig, "lora": LoraConfig, "algorithm": AlgorithmConfig, "train": TrainConfig,
-    "rollout": RolloutSection, "eval": EvalConfig, "checkpoint": CheckpointConfig,
+    "rollout": RolloutConfig, "engine": VllmConfig, "eval": EvalConfig, "checkpoint": CheckpointConfig,
     "cluster": ClusterConfig, "metrics": MetricsConfig, "fault": FaultConfig,
 }
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    model: str = ""
-    output_dir: str = "runs/grpo"
-    steps: int = 100
-    tasks_per_step: int = 8
-    seed: int = 0
+    model: str = ""                     # the local Hugging Face model folder (required)
+    output_dir: str = "runs/grpo"       # the run folder: metrics, checkpoints, samples; a run there resumes
+    steps: int = 100                    # GRPO steps (one rollout batch and one update each); the schedule's length
+    tasks_per_step: int = 8             # tasks a step; each is rolled out algorithm.group_size times
+    seed: int = 0                       # the vLLM engines' sampling seed (train.seed seeds the trainer)
     train_seed_offset: int = 1_000_000  # training draws task seeds from here on, away from eval seeds
     adapter: Optional[str] = None       # start from this LoRA adapter folder instead of a fresh one
     env: EnvConfig = field(default_factory=EnvConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    rollout: RolloutSection = field(default_factory=RolloutSection)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    engine: VllmConfig = field(default_factory=VllmConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -226,10 +179,10 @@ class RunConfig:
         check_number(self, "tasks_per_step", integer=True, ge=1)
         check_number(self, "seed", integer=True, ge=0)
         check_number(self, "train_seed_offset", integer=True, ge=0)
-        if self.train.temperature != self.rollout.temperature:
-            raise ConfigError("RunConfig", "train.temperature", self.train.temperature,
-                              f"equal to rollout.temperature ({self.rollout.temperature}): the trainer must score "
-                              "the distribution vLLM sampled from")
+        if not self.rollout.temperature > 0:
+            raise ConfigError(self, "rollout.temperature", self.rollout.temperature,
+                              "a number > 0 (training samples at it; greedy (0) is for evaluation)")
+        self.train.check_length(self, "steps")
         held_out = set(self.eval_seeds) | set(self.unseen_seeds)
         require(self, "train_seed_offset", self.train_seed_offset > max(held_out, default=-1),
                 f"larger than every eval seed ({max(held_out, default=-1)}), so training never draws them")
@@ -246,14 +199,10 @@ class RunConfig:
     def unseen_seeds(self) -> list[int]:
         return parse_seeds(self.eval.unseen_seeds or [])
 
-    def engine_config(self):
+    def engine_config(self) -> EngineConfig:
         """The vLLM engine this run asks for: the trainer's rollout workers and grpo.eval start the same."""
-        from rollout.engine import EngineConfig
-
-        r = self.rollout
-        return EngineConfig(model=self.model, dtype=r.dtype, max_model_len=r.max_model_len,
-                            max_lora_rank=self.lora.rank, seed=self.seed, kv_cache_memory_bytes=r.kv_cache_memory_bytes,
-                            gpu_memory_utilization=r.gpu_memory_utilization)
+        return EngineConfig(model=self.model, max_lora_rank=self.lora.rank, seed=self.seed,
+                            **dataclasses.asdict(self.engine))
 
     # ----------------------------------------------------------------------------------------- loading
     @classmethod
@@ -281,6 +230,16 @@ class RunConfig:
         import yaml
 
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# Fields that were stated twice: an old config that sets one learns where the value lives now.
+MOVED = {
+    "train.temperature": "not a field any more: the run has one temperature, rollout.temperature (vLLM samples "
+                         "at it and the trainer scores at it); set that instead",
+    "train.total_steps": "not a field any more: the cosine schedule runs over the run's `steps`; set steps",
+    **{f"rollout.{name}": f"not a field of rollout any more: the vLLM engine's settings are one section, set "
+                          f"engine.{name} instead" for name in (f.name for f in dataclasses.fields(VllmConfig))},
+}
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> None:
@@ -327,6 +286,9 @@ def _loader():
 def _build(cls, data: dict, where: str):
     names = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(names))
+    for key in unknown:
+        if f"{where}.{key}" in MOVED:
+            raise ConfigError(where, key, data[key], MOVED[f"{where}.{key}"])
     if unknown:
         section = f"the {where} section" if where else "the run config"
         raise ConfigError(cls.__name__, unknown[0], data[unknown[0]],

@@ -1,10 +1,10 @@
-"""The maze example's configs: the CPU run matches what the warm start was trained on, the GPU recipe
-validates without a GPU, and every evaluation maze is solvable within each turn limit."""
+"""The maze example's configs: the warm start reads its options from the CPU run, the GPU recipe validates
+without a GPU, and every evaluation maze is solvable within each turn limit."""
 from pathlib import Path
 
 import pytest
 
-from envs.maze import maze_stats
+from envs.maze import EVAL_SEEDS, maze_stats
 from examples.maze import maze_config
 from grpo import train
 from grpo.config import RunConfig
@@ -12,15 +12,28 @@ from grpo.config import RunConfig
 HERE = Path(__file__).resolve().parents[1] / "examples" / "maze"
 
 
-def test_cpu_config_matches_the_warm_start_options():
+def test_the_warm_start_reads_its_options_from_the_cpu_run():
     cfg = RunConfig.from_yaml(HERE / "cpu.yaml")
-    assert cfg.env.name == maze_config.ENV and cfg.env.options == maze_config.GRPO_ENV_OPTIONS
-    assert cfg.rollout.history == maze_config.HISTORY
-    assert cfg.rollout.max_tokens_per_turn == maze_config.MAX_TOKENS_PER_TURN
-    assert cfg.eval_seeds == list(maze_config.EVAL_SEEDS)
-    assert cfg.unseen_seeds == list(maze_config.UNSEEN_SEEDS)
-    assert cfg.train_seed_offset >= maze_config.TRAIN_SEED_BASE
-    assert cfg.eval.target_success == 0.95
+    assert maze_config.CPU_RUN == cfg
+    # The values the shipped warm start (examples/maze/warmstart) was trained on: changing one means
+    # rebuilding it (python -m examples.maze.sft).
+    assert (maze_config.ENV, maze_config.ENV_OPTIONS) == ("maze", {"size": 9, "cell_px": 8, "max_turns": 30})
+    assert (maze_config.SIZE, maze_config.CELL_PX, maze_config.MAX_TURNS) == (9, 8, 30)
+    assert (maze_config.HISTORY, maze_config.MAX_TOKENS_PER_TURN) == ("none", 8)
+    assert maze_config.EVAL_SEEDS == list(EVAL_SEEDS)
+    assert maze_config.UNSEEN_SEEDS == list(range(10_000, 10_064))
+    assert maze_config.TRAIN_SEED_BASE == 1_000_000 and cfg.eval.target_success == 0.95
+
+
+def test_cpu_run_learning_rate_is_the_cosine_over_its_steps():
+    # The figures of the schedule when cpu.yaml also set train.total_steps: 16, to the last digit.
+    cfg = RunConfig.from_yaml(HERE / "cpu.yaml")
+    assert cfg.steps == 16
+    assert [cfg.train.lr_at(s, cfg.steps) for s in range(18)] == [
+        0.001, 0.002, 0.002, 0.001977435120963641, 0.0019108719811121771, 0.0018036483342212268,
+        0.0016611408216728604, 0.0014904953652058021, 0.001300268840560683, 0.0011, 0.0008997311594393172,
+        0.0007095046347941978, 0.0005388591783271399, 0.00039635166577877323, 0.00028912801888782293,
+        0.00022256487903635875, 0.0002, 0.0002]
 
 
 @pytest.mark.parametrize("name", ["cpu.yaml", "qwen3_vl_8b.yaml"])
@@ -35,7 +48,7 @@ def test_every_eval_maze_is_solvable_within_the_turn_limit(name):
 def test_gpu_recipe_matches_the_seed_and_validates_without_a_gpu(capsys):
     cfg = RunConfig.from_yaml(HERE / "qwen3_vl_8b.yaml")
     assert cfg.lora.rank == 32 and cfg.group_size == 8 and cfg.algorithm.kl_coef == 0.0
-    assert cfg.env.options["size"] == 9 and cfg.rollout.temperature == 0.7 == cfg.train.temperature
+    assert cfg.env.options["size"] == 9 and cfg.rollout.temperature == 0.7
     assert cfg.cluster.colocate and cfg.cluster.train_ranks > 1
     assert train.main([str(HERE / "qwen3_vl_8b.yaml"), "--dry-run"]) == 0
     assert '"valid": true' in capsys.readouterr().out
@@ -45,7 +58,7 @@ def test_cpu_run_is_the_seeds_recipe_sparse_reward_episode_advantages_one_temper
     cfg = RunConfig.from_yaml(HERE / "cpu.yaml")
     assert cfg.env.options.get("progress_reward", 0) == 0 and cfg.env.options.get("format_reward", 0) == 0
     assert cfg.algorithm.step_weight == 0
-    assert cfg.rollout.temperature == cfg.train.temperature
+    assert cfg.rollout.temperature == 0.7 and not hasattr(cfg.train, "temperature")
     assert cfg.unseen_seeds and cfg.eval.target_success == 0.95
 
 

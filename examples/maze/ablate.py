@@ -38,7 +38,7 @@ def eval_curve(summary: dict) -> list[tuple[int, float]]:
 
 
 def table(results: dict[str, dict]) -> str:
-    """The README's markdown table of the measured figures, one row per run."""
+    """The markdown table (examples/maze/README.md) of the measured figures, one row per run."""
     rows = ["| run | greedy before | greedy after | unseen after | sampled success, first -> last step "
             "| zero-signal groups, first -> last step | GRPO wall |", "|---|---|---|---|---|---|---|"]
     for name, s in results.items():
@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
             continue
         t0 = time.time()
         overrides = ["--model", str(mc.WARMSTART), "--output_dir", str(out / name), "--steps", str(args.steps),
-                     "--train.total_steps", str(args.steps), "--eval.every", "2", "--eval.target_success", "null",
-                     *flags, *extra]
+                     "--eval.every", "2", "--eval.target_success", "null", *flags, *extra]
         config = grpo.RunConfig.from_yaml(HERE / "cpu.yaml", overrides)
         results[name] = grpo.Trainer(config).fit()
         print(f"[ablate] {name}: {results[name]['eval_before']:.1%} -> {results[name]['eval_after']:.1%} "

@@ -12,23 +12,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 # The last line's figures: where the run ended, and how it learned (the sampled success and the groups whose
 # equal rewards gave no signal, at the first and the last step).
 SHOWN = ("eval_before", "eval_after", "unseen_after", "steps", "grpo_wall_s", "first_step_rollout_success",
          "last_step_rollout_success", "zero_signal_share_first_step", "zero_signal_share_last_step")
-
-
-def ensure_warmstart() -> Path:
-    from examples.maze import maze_config
-
-    if not (maze_config.WARMSTART / "config.json").is_file():
-        print(f"[maze] no warm start at {maze_config.WARMSTART}: building it with examples/maze/sft.py "
-              "(the SFT takes a while on the CPU)", file=sys.stderr, flush=True)
-        from examples.maze import sft
-
-        sft.build_warmstart(maze_config.WARMSTART)
-    return maze_config.WARMSTART
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -36,6 +23,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     t0 = time.time()
+    from examples.maze.sft import ensure_warmstart
+
     warmstart = ensure_warmstart()
     config = grpo.RunConfig.from_yaml(HERE / "cpu.yaml", ["--model", str(warmstart)] + overrides)
     summary = grpo.Trainer(config).fit()

@@ -115,11 +115,11 @@ class SFTConfig:
         return Habit(self.habit_when, self.habit_move, self.habit_rate)
 
     @property
-    def eval_seeds(self) -> range:
+    def eval_seeds(self) -> list[int]:
         return mc.EVAL_SEEDS[: self.eval_episodes]
 
     @property
-    def unseen_seeds(self) -> range:
+    def unseen_seeds(self) -> list[int]:
         return mc.UNSEEN_SEEDS[: self.eval_episodes]
 
 
@@ -470,8 +470,8 @@ def _log(fh, record: dict, echo: bool = True) -> None:
 
 def train(cfg: SFTConfig) -> dict:
     """Train, evaluate on the way, keep the checkpoint that lands in the band, save it to `cfg.out`."""
-    from grpo.tools import tiny_models
     from grpo.learner.forward import load_model, load_processor
+    from grpo.tools import tiny_models
 
     t0 = time.perf_counter()
     torch.set_num_threads(cfg.threads)
@@ -607,6 +607,8 @@ def ensure_warmstart(path: str | Path = mc.WARMSTART) -> Path:
     """The warm-start folder, built first only when it is missing (the repo ships one)."""
     path = Path(path)
     if not (path / "config.json").is_file():
+        print(f"[maze] no warm start at {path}: building it with examples/maze/sft.py (the SFT takes a while on "
+              "the CPU)", file=sys.stderr, flush=True)
         build_warmstart(path)
     return path
 
