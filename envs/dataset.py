@@ -7,7 +7,7 @@ A reward function is `fn(prompt, completion, row) -> float`; the episode's rewar
 `info["rewards"]` holds each function's own value (the trainer logs their means as `reward/<name>`). Rows come
 from a list of dicts, a `.jsonl` or `.json` file, or a folder a Hugging Face `datasets` dataset was saved to
 (`save_to_disk`; needs `pip install datasets`). Reward functions may be given as "module:function" strings,
-so a run's config.yaml names them and `python -m grpo.driver.eval` rebuilds the env from it.
+so a run's config.yaml names them and `grpo eval` rebuilds the env from it.
 
 The seed names the row, so evaluation and training draws work as for any env: seeds 0..n-1 are rows 0..n-1
 (the eval seeds 0-63 are the first 64 rows), and larger seeds, the trainer's draw from `train_seed_offset`

@@ -3,11 +3,12 @@
 `import grpo` stays light: the trainer, Ray and vLLM load when first used.
 """
 from grpo.algo.config import AlgorithmConfig, ConfigError
-from grpo.learner.lora import LoraConfig
 from grpo.config import RunConfig
+from grpo.driver.callbacks import Callback
 from grpo.learner.config import TrainConfig
+from grpo.learner.lora import LoraConfig
 
-__all__ = ["AlgorithmConfig", "ConfigError", "LoraConfig", "RunConfig", "TrainConfig", "Trainer"]
+__all__ = ["AlgorithmConfig", "Callback", "ConfigError", "LoraConfig", "RunConfig", "TrainConfig", "Trainer"]
 
 
 def __getattr__(name):

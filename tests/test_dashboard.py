@@ -125,7 +125,7 @@ def test_every_panel_has_data_from_a_real_run(tmp_path, tiny_vl, monkeypatch):
             env={"name": "maze", "options": {"size": 7, "max_turns": 4}},
             algorithm={"group_size": 4, "kl_coef": 0.001}, lora={"rank": 8, "alpha": 16.0},
             train={"lr": 1e-3, "micro_batch_size": 16},
-            rollout={"max_tokens_per_turn": 10, "history": "none", "max_model_len": 2048},
+            rollout={"max_tokens_per_turn": 10, "history": "none"}, engine={"max_model_len": 2048},
             eval={"seeds": "0-1", "every": 1}, checkpoint={"every": 10}, cluster={"train_ranks": 2},
             metrics={"prometheus_port": metrics_port, "tensorboard": False, "plots": False})).fit()
         assert not late, late
@@ -139,7 +139,8 @@ def test_every_panel_has_data_from_a_real_run(tmp_path, tiny_vl, monkeypatch):
         steps = _api(prom_port, "query_range", query="grpo_step", **window)["result"][0]["values"]
         assert max(float(v) for _, v in steps) == STEPS
         # The dashboard's run picker: Grafana's label_values(metric, label) is this label query.
-        metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", _variables(dashboard)["instance"]["definition"]).groups()
+        picker = _variables(dashboard)["instance"]["definition"]
+        metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", picker).groups()
         assert _api(prom_port, f"label/{label}/values", **{"match[]": metric, "start": window["start"]}) \
             == [f"127.0.0.1:{metrics_port}"]
     finally:

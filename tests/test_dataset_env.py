@@ -138,7 +138,7 @@ def test_grpo_trains_on_an_arithmetic_dataset_with_two_reward_functions(tmp_path
     summary = grpo.Trainer(grpo.RunConfig(
         model=str(tiny_text), output_dir=str(out), steps=2, tasks_per_step=2, env={"name": "arith", "options": options},
         algorithm={"group_size": 4}, lora={"rank": 8, "alpha": 16.0}, train={"lr": 1e-3, "micro_batch_size": 8},
-        rollout={"max_tokens_per_turn": 6, "max_model_len": 512}, eval={"seeds": "0-3"},
+        rollout={"max_tokens_per_turn": 6}, engine={"max_model_len": 512}, eval={"seeds": "0-3"},
         checkpoint={"every": 2}, cluster={"train_ranks": 1}, metrics={"tensorboard": False, "samples_per_step": 2},
     )).fit()
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -1,4 +1,4 @@
-"""`python -m grpo.tools.doctor`, the first command on a new machine, run as a user runs it."""
+"""`grpo doctor`, the first command on a new machine, run as a user runs it."""
 import json
 import os
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 def _doctor(*args, cwd):
     # As from a fresh shell: not the test session's shared cache folder (GRPO_CACHE_DIR).
     env = {k: v for k, v in os.environ.items() if k != "GRPO_CACHE_DIR"}
-    return subprocess.run([sys.executable, "-m", "grpo.tools.doctor", "--json", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "grpo", "doctor", "--json", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=600, env=env)
 
 

@@ -210,6 +210,7 @@ def test_broken_reset_fails_in_the_driver_before_ray_starts(tiny_text, tmp_path)
 
 def test_non_finite_loss_is_refused_before_the_optimizer_and_nothing_is_published(tiny_vl, tmp_path):
     from _fixtures_train import max_abs_diff, trajectories
+
     from grpo.learner import forward
     from grpo.learner.config import TrainConfig
     from grpo.learner.worker import TrainWorker

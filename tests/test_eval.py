@@ -1,11 +1,12 @@
-"""`python -m grpo.driver.eval`: the figures by hand, and on a real run's folder the trainer's own evals, episode for
+"""`grpo eval`: the figures by hand, and on a real run's folder the trainer's own evals, episode for
 episode (the maze warm start, a tiny Qwen3-VL: real vLLM, Ray and FSDP)."""
 import json
 from pathlib import Path
 
 import pytest
 
-from grpo.driver.eval import eval_summary, main, resolve
+from grpo.cli import main
+from grpo.driver.eval import eval_summary, resolve
 from rollout.trajectory import RolloutStats, Trajectory
 
 
@@ -37,7 +38,7 @@ def test_resolve_names_what_it_needs(tmp_path, tiny_vl):
     cfg, found, run_dir = resolve(str(adapter), model=str(tiny_vl), overrides=["--env.options", "{size: 7}"])
     assert (found, run_dir, cfg.lora.rank, cfg.model) == (str(adapter), None, 4, str(tiny_vl))
     assert cfg.env.options == {"size": 7}
-    assert main([str(tmp_path / "none")]) == 2
+    assert main(["eval", str(tmp_path / "none")]) == 2
 
 
 def _episodes(path, label=None):
@@ -61,14 +62,14 @@ def test_eval_reproduces_the_runs_evals_episode_for_episode(tmp_path, capsys):
         # 10 turns (not 30) keep the test short; the replies, not the successes, are compared.
         env={"name": "maze", "options": dict(maze_config.ENV_OPTIONS, max_turns=10, progress_reward=0.1)},
         algorithm={"group_size": 4}, lora={"rank": 8, "alpha": 16.0},
-        train={"lr": 2e-2, "micro_batch_size": 64, "temperature": 0.7},
+        train={"lr": 2e-2, "micro_batch_size": 64},
         rollout={"temperature": 0.7, "max_tokens_per_turn": maze_config.MAX_TOKENS_PER_TURN,
-                 "history": maze_config.HISTORY, "max_model_len": 1024},
+                 "history": maze_config.HISTORY}, engine={"max_model_len": 1024},
         eval={"seeds": "0-7"}, cluster={"train_ranks": 1}, metrics={"tensorboard": False, "plots": False})).fit()
     printed = capsys.readouterr().out
     assert "greedy success, 8 eval seeds, after training" in printed and str(out.resolve()) in printed
 
-    assert main([str(out)]) == 0
+    assert main(["eval", str(out)]) == 0
     after = _last_json(capsys)
     assert Path(after["adapter"]).resolve() == Path(summary["adapter_path"]).resolve()
     for key in ("success_rate", "mean_reward", "mean_turns", "stop_reasons", "episodes", "solved_seeds"):
@@ -76,7 +77,7 @@ def test_eval_reproduces_the_runs_evals_episode_for_episode(tmp_path, capsys):
     trained = _episodes(out / "eval" / "v000002.jsonl")
     assert trained == _episodes(out / "eval_samples.jsonl", "after") and len(trained) == 8
 
-    assert main([str(out), "--base"]) == 0
+    assert main(["eval", str(out), "--base"]) == 0
     base = _last_json(capsys)
     assert base["adapter"] is None and base["success_rate"] == summary["eval_before"]
     untrained = _episodes(out / "eval" / "base.jsonl")

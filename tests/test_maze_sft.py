@@ -64,12 +64,11 @@ class _LabelHead(torch.nn.Module):
         return logits
 
 
-def test_tower_map_scores_an_oracle_head_one_and_a_constant_head_by_hand(tmp_path):
+def test_tower_map_scores_an_oracle_head_one_and_a_constant_head_by_hand(tmp_path, tiny_vl_maze):
     from envs.maze import generate_maze, shortest_path
-    from grpo.tools import tiny_models
     from grpo.learner.forward import load_model, load_processor
 
-    path = tiny_models.build("vl", tmp_path / "m", seed=0, preset=mc.PRESET)
+    path = tiny_vl_maze
     model, processor = load_model(path), load_processor(path)
     cfg = sft.SFTConfig(out=str(tmp_path / "o"), eval_episodes=4)
     mazes = [generate_maze(mc.SIZE, s) for s in cfg.eval_seeds]
@@ -115,13 +114,11 @@ def test_a_few_steps_learn_save_and_reload_deterministically(tmp_path):
     assert again["eval_success"] == result["eval_success"]
 
 
-def test_the_maze_prompt_is_short_and_one_image_token_per_block(tmp_path):
-    from grpo.tools import tiny_models
+def test_the_maze_prompt_is_short_and_one_image_token_per_block(tiny_vl_maze):
+    import envs
     from grpo.learner.forward import expand, load_processor
 
-    import envs
-
-    path = tiny_models.build("vl", tmp_path / "m", seed=0, preset=mc.PRESET)
+    path = tiny_vl_maze
     enc = sft.Encoder(load_processor(path))
     first = envs.make("maze", **mc.ENV_OPTIONS).reset(0)
     ids = enc.prompt(first.text)
@@ -166,7 +163,7 @@ def test_shipped_warmstart_matches_its_log():
 def test_vllm_greedy_episodes_of_the_warmstart_are_the_logged_ones(session_dir):
     """The number GRPO starts from is vLLM's: its greedy episodes must be the ones the SFT log counted."""
     from rollout.engine import EngineConfig
-    from rollout.worker import RolloutWorker
+    from rollout.worker import RolloutWorker, Task
 
     log = _log(WARMSTART)
     result = next(r["result"] for r in log if "result" in r)
@@ -175,7 +172,8 @@ def test_vllm_greedy_episodes_of_the_warmstart_are_the_logged_ones(session_dir):
     worker = RolloutWorker(EngineConfig(model=str(WARMSTART), enable_lora=False, dtype="float32"),
                            run_dir=str(session_dir))
     try:
-        trajectories, _ = worker.evaluate(mc.ENV, seeds, mc.ENV_OPTIONS, mc.rollout_config())
+        tasks = [Task(mc.ENV, s, dict(mc.ENV_OPTIONS)) for s in seeds]
+        trajectories, _ = worker.rollout(tasks, 1, mc.rollout_config(), greedy=True)
     finally:
         worker.shutdown()
     got = {t.seed for t in trajectories if t.success}

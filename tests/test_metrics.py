@@ -9,8 +9,8 @@ import urllib.request  # noqa: E402
 import pytest  # noqa: E402
 
 from grpo.algo.config import ConfigError  # noqa: E402
-from grpo.report.metrics import MetricsSink, json_safe, prometheus_name  # noqa: E402
 from grpo.config import MetricsConfig, WandbConfig  # noqa: E402
+from grpo.report.metrics import MetricsSink, json_safe, prometheus_name  # noqa: E402
 from grpo.report.wandb_sink import resolve_mode  # noqa: E402
 
 

@@ -109,7 +109,7 @@ def _config(model, out, steps, **sections):
         model=str(model), output_dir=str(out), steps=steps, tasks_per_step=2,
         env={"name": "maze", "options": {"size": 7, "max_turns": 3}}, algorithm={"group_size": 2},
         lora={"rank": 8, "alpha": 16.0}, train={"lr": 1e-3, "micro_batch_size": 16},
-        rollout={"max_tokens_per_turn": 10, "history": "none", "max_model_len": 2048},
+        rollout={"max_tokens_per_turn": 10, "history": "none"}, engine={"max_model_len": 2048},
         eval={"seeds": "0-1"}, checkpoint={"every": 2, "keep": 2}, cluster={"train_ranks": 2},
         metrics={"plots": False, "tensorboard": False})
     base.update(sections)
@@ -217,7 +217,8 @@ def test_a_lost_rollout_node_is_replaced_and_the_run_finishes(tmp_path, tiny_vl,
             raise result["error"]
         assert not ray.is_initialized()  # the trainer disconnected from the cluster it joined
         events = _check_finished_run(out, 3, ["rollout-0"])
-        print(json.dumps({"recovery": [{k: e[k] for k in ("actor", "cause", "detect_s", "recovery_s")} for e in events]}))
+        shown = ("actor", "cause", "detect_s", "recovery_s")
+        print(json.dumps({"recovery": [{k: e[k] for k in shown} for e in events]}))
     finally:
         ray.shutdown()
         cluster.shutdown()

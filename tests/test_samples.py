@@ -5,8 +5,8 @@ import re
 import pytest
 
 from envs.base import Observation
-from grpo.report.table import step_warnings, summary_rows, table
 from grpo.report.samples import SampleWriter, decode_episode, pick, reward_components
+from grpo.report.table import step_warnings, summary_rows, table
 from rollout.conversation import ChatFormat
 from rollout.trajectory import Segment, Trajectory
 
@@ -90,7 +90,7 @@ def test_step_warnings_in_plain_words():
     assert step_warnings(dict(quiet, zero_signal_groups=7), group_size=8) == []
     cut = {"step": 1, "zero_signal_groups": 0, "rollout": {"episodes": 16, "stop_reasons": {"context": 5, "done": 11}}}
     (only,) = step_warnings(cut, group_size=4, max_model_len=1024)
-    assert "5 of 16 episodes ended at the context limit (rollout.max_model_len=1024)" in only
+    assert "5 of 16 episodes ended at the context limit (engine.max_model_len=1024)" in only
 
 
 def test_summary_table():

@@ -12,9 +12,10 @@ from grpo.algo.config import ConfigError
 def _config(model, out, steps):
     return grpo.RunConfig(
         model=str(model), output_dir=str(out), steps=steps, tasks_per_step=2,
-        env={"name": "maze", "options": {"size": 7, "max_turns": 4}}, algorithm={"group_size": 4, "kl_coef": 0.001, "step_weight": 1.0},
+        env={"name": "maze", "options": {"size": 7, "max_turns": 4}},
+        algorithm={"group_size": 4, "kl_coef": 0.001, "step_weight": 1.0},
         lora={"rank": 8, "alpha": 16.0}, train={"lr": 1e-3, "micro_batch_size": 16},
-        rollout={"max_tokens_per_turn": 10, "history": "none", "max_model_len": 2048},
+        rollout={"max_tokens_per_turn": 10, "history": "none"}, engine={"max_model_len": 2048},
         eval={"seeds": "0-3", "unseen_seeds": "10000-10003", "every": 1},
         checkpoint={"every": 1, "keep": 2}, cluster={"train_ranks": 2})
 
@@ -23,9 +24,34 @@ def _config(model, out, steps):
 def test_fit_writes_everything_and_resumes(tmp_path, tiny_vl):
     import ray
 
+    class Hooks(grpo.Callback):
+        def __init__(self):
+            self.calls = []
+
+        def on_train_begin(self, trainer):
+            self.calls.append("begin")
+
+        def on_phase_end(self, trainer, phase, seconds):
+            self.calls.append(phase)
+
+        def on_eval(self, trainer, label, result):
+            self.calls.append(f"eval {label}")
+
+        def on_step_end(self, trainer, record):
+            self.calls.append(f"step {record['step']}")
+
+        def on_train_end(self, trainer, summary):
+            self.calls.append("end")
+
     out = tmp_path / "run"
-    summary = grpo.Trainer(_config(tiny_vl, out, steps=2)).fit()
+    hooks = Hooks()
+    summary = grpo.Trainer(_config(tiny_vl, out, steps=2), callbacks=[hooks]).fit()
     assert not ray.is_initialized()
+    step = ["rollout", "advantages", "sleep", "train", "publish", "wake_up", "hotload", "eval"]
+    assert hooks.calls == (["begin", "start", "actors_start", "eval", "eval before"]
+                           + step + ["eval step 1", "step 1", "checkpoint"]
+                           + step + ["eval step 2", "step 2", "checkpoint"]
+                           + ["eval", "eval after", "eval", "eval unseen", "end"])
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2]
     for r in lines:
@@ -69,8 +95,8 @@ def test_bad_config_fails_before_ray_starts(tmp_path, tiny_vl):
         grpo.RunConfig(model=str(tiny_vl), algorithm={"group_size": 1})
     with pytest.raises(ConfigError, match="known fields"):
         grpo.RunConfig(model=str(tiny_vl), rollout={"temprature": 0.7})
-    with pytest.raises(ConfigError, match="train.temperature"):
-        grpo.RunConfig(model=str(tiny_vl), rollout={"temperature": 0.7})
+    with pytest.raises(ConfigError, match=r"train\.temperature=0\.7 .*one temperature, rollout\.temperature"):
+        grpo.RunConfig(model=str(tiny_vl), train={"temperature": 0.7})
     with pytest.raises(FileNotFoundError, match="does not exist"):
         grpo.Trainer(grpo.RunConfig(model=str(tmp_path / "missing")))
     with pytest.raises(Exception, match="size"):
@@ -79,7 +105,11 @@ def test_bad_config_fails_before_ray_starts(tmp_path, tiny_vl):
 
 
 def test_yaml_overrides_and_dry_run(tmp_path, tiny_vl, capsys):
+    import subprocess
+    import sys
+
     from grpo import train
+    from grpo.cli import main
     from grpo.config import RunConfig
 
     path = tmp_path / "c.yaml"
@@ -90,18 +120,25 @@ def test_yaml_overrides_and_dry_run(tmp_path, tiny_vl, capsys):
     assert cfg.train.lr == 2e-4
     assert RunConfig.from_yaml(path, ["--train.lr", "1e-3"]).train.lr == 1e-3
     assert cfg.algorithm.group_size == 4
-    assert train.main([str(path), "--dry-run"]) == 0
+    assert main(["train", str(path), "--dry-run"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["valid"] is True
-    assert train.main([str(path), "--algo.clip_low", "-1", "--dry-run"]) == 2
+    assert main(["train", str(path), "--algo.clip_low", "-1", "--dry-run"]) == 2
     assert "clip_low" in capsys.readouterr().err
+    # The dry run builds the env as the trainer's pre-flight check does.
+    assert main(["train", str(path), "--env.options", "{size: 4}", "--dry-run"]) == 2
+    assert "size" in capsys.readouterr().err
+    # `python -m grpo.train` is `grpo train`; so is `python -m grpo train`.
+    assert train.main([str(path), "--dry-run"]) == 0
+    capsys.readouterr()
+    done = subprocess.run([sys.executable, "-m", "grpo", "train", str(path), "--dry-run"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and json.loads(done.stdout.strip().splitlines()[-1])["valid"] is True, done.stderr
 
 
 # A user's script, run as a file; with one train rank (every value validation accepts must run).
 _KILLED_RUN = """
 import dataclasses
-import sys
 import grpo
-sys.path.insert(0, {tests!r})
 from test_trainer import _config
 config = _config({model!r}, {out!r}, steps=50)
 grpo.Trainer(dataclasses.replace(config, cluster={{"train_ranks": 1}})).fit()
@@ -126,10 +163,11 @@ def test_sigterm_mid_run_shuts_ray_down_and_keeps_the_last_checkpoint_and_adapte
     out = tmp_path / "run"
     before = set(glob.glob("/tmp/grpo-ray-*"))
     script = tmp_path / "train.py"
-    script.write_text(_KILLED_RUN.format(tests=str(Path(__file__).parent), model=str(tiny_vl), out=str(out)))
+    script.write_text(_KILLED_RUN.format(model=str(tiny_vl), out=str(out)))
     log = tmp_path / "stderr.txt"
     with log.open("w") as err:
         proc = subprocess.Popen([sys.executable, str(script)], cwd=Path(__file__).parents[1],
+                                env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},  # it imports test_trainer
                                 stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.time() + 600
@@ -149,8 +187,9 @@ def test_sigterm_mid_run_shuts_ray_down_and_keeps_the_last_checkpoint_and_adapte
     latest = json.loads((out / "checkpoints" / "latest.json").read_text())
     assert latest["step"] >= 1
     last = [line for line in log.read_text().splitlines() if line.startswith("[grpo]")][-1]
+    where = re.escape(str(out / "checkpoints" / latest["dir"]))
     stopped = re.fullmatch(rf"\[grpo\] stopped by SIGTERM in step (\d+); last checkpoint: step {latest['step']} at "
-                           rf"{re.escape(str(out / 'checkpoints' / latest['dir']))}; run the same command to resume", last)
+                           rf"{where}; run the same command to resume", last)
     assert stopped and int(stopped[1]) in (latest["step"], latest["step"] + 1), last
     assert yaml.safe_load((out / "config.yaml").read_text())["cluster"]["train_ranks"] == 1
     served = AdapterStore(str(out / "store")).latest_verified()

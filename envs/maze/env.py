@@ -23,6 +23,7 @@ from envs.base import Env, Observation, StepResult
 from envs.maze.layout import MOVES, Cell, Maze, check_size, generate_maze
 from envs.maze.render import render
 from envs.maze.solver import distances_to, next_direction, shortest_path
+from envs.seeds import parse_seeds
 
 EVAL_SEEDS = range(64)
 DEFAULT_SIZE = 9  # VisGym's "easy": 4 x 4 cells inside the border walls
@@ -227,18 +228,10 @@ def maze_stats(seeds: Iterable[int], size: int = DEFAULT_SIZE, max_turns: int = 
     }
 
 
-def _parse_seeds(text: str) -> list[int]:
-    seeds = []
-    for part in text.split(","):
-        low, _, high = part.strip().partition("-")
-        seeds.extend(range(int(low), int(high or low) + 1))
-    return seeds
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m envs.maze", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stats", action="store_true", help="solvability and shortest-path lengths")
-    parser.add_argument("--seeds", type=_parse_seeds, default=list(EVAL_SEEDS), help="e.g. 0-63 or 0,5,9-12")
+    parser.add_argument("--seeds", type=parse_seeds, default=list(EVAL_SEEDS), help="e.g. 0-63 or 0,5,9-12")
     parser.add_argument("--size", type=int, default=DEFAULT_SIZE)
     parser.add_argument("--max-turns", type=int, default=DEFAULT_MAX_TURNS)
     parser.add_argument("--cell-px", type=int, default=32)

@@ -55,16 +55,14 @@ class RolloutPool:
                 faults: list[Fault] = ()) -> tuple[list[Trajectory], RolloutStats]:
         """Tasks split into contiguous slices, one per worker; group ids renumbered batch-wide. `faults`
         (injected, grpo.driver.fault) fire in the named workers during this call."""
-        n = len(self.workers)
         for f in faults:
             arm(self.workers[f.index], f)
-        bounds = [len(tasks) * k // n for k in range(n + 1)]
-        slices = [(bounds[k], tasks[bounds[k]:bounds[k + 1]]) for k in range(n)]
+        slices = split(tasks, len(self.workers))
         calls = [(f"rollout-{i}", w.rollout.remote(part, group_size, config, greedy))
                  for i, (w, (_, part)) in enumerate(zip(self.workers, slices)) if part]
         results = gather(calls, self.call_timeout_s, "rollout")
         trajs: list[Trajectory] = []
-        for (offset, part), (chunk, _) in zip([s for s in slices if s[1]], results):
+        for offset, (chunk, _) in zip([offset for offset, part in slices if part], results):
             for t in chunk:
                 t.group_id += offset
             trajs.extend(chunk)
@@ -77,6 +75,13 @@ class RolloutPool:
         for w in self.workers:
             ray.kill(w)
         self.workers = []
+
+
+def split(tasks: list[Task], n: int) -> list[tuple[int, list[Task]]]:
+    """`n` contiguous slices of `tasks`, one per worker, each with the index of its first task (a slice is
+    empty when there are fewer tasks than workers)."""
+    bounds = [len(tasks) * k // n for k in range(n + 1)]
+    return [(bounds[k], tasks[bounds[k]:bounds[k + 1]]) for k in range(n)]
 
 
 def merge_stats(parts: list[RolloutStats]) -> RolloutStats:

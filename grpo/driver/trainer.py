@@ -9,49 +9,36 @@ output_dir resumes from the last complete checkpoint, and the last published ada
 
 A rollout worker or train rank that dies or stops answering mid-run (grpo.driver.fault) does not end the run:
 the step is torn down, fresh actors restore the last checkpoint and the run goes on, up to
-`fault.max_restarts` times. One run per output_dir (grpo.driver.run_lock).
+`fault.max_restarts` times. One run per output_dir (grpo.driver.run_lock); Ray and SIGTERM:
+grpo.driver.session; hooks for users' code: grpo.driver.callbacks.
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
 import torch
 
-from grpo.learner import checkpoint
-
-from grpo.report import summary as run_summary
 from grpo.algo.advantages import group_advantages, step_advantages
-from grpo.report.curves import plot_curves
-from grpo.driver.eval import eval_summary
-from grpo.report.table import step_warnings, summary_rows, table
-from grpo.report.samples import SampleWriter, pick, reward_components
-from grpo.algo.config import ConfigError
-from grpo.driver.fault import ActorFault, InjectionPlan
-from grpo.report.metrics import MetricsSink, drop_steps_after, json_safe
 from grpo.config import RunConfig
+from grpo.driver import session
+from grpo.driver.callbacks import CallbackList
+from grpo.driver.eval import eval_summary
+from grpo.driver.fault import ActorFault, InjectionPlan
+from grpo.driver.preflight import check_run
+from grpo.driver.progress import progress
 from grpo.driver.run_lock import RunLock
+from grpo.driver.state import RunState, TaskSampler
+from grpo.learner import checkpoint
+from grpo.report import summary as run_summary
+from grpo.report.curves import plot_curves
+from grpo.report.metrics import MetricsSink, drop_steps_after, json_safe
+from grpo.report.samples import SampleWriter, pick, reward_components
+from grpo.report.table import summary_rows, table
 from rollout import runtime
 from rollout.worker import Task
-
-
-class TaskSampler:
-    """Training tasks: seeds counted up from `offset`, so every maze is new and a cursor resumes exactly."""
-
-    def __init__(self, env: str, options: dict, offset: int, cursor: int = 0):
-        self.env, self.options, self.offset, self.cursor = env, dict(options), offset, cursor
-
-    def take(self, n: int) -> list[Task]:
-        tasks = [Task(self.env, self.offset + self.cursor + i, self.options) for i in range(n)]
-        self.cursor += n
-        return tasks
 
 
 class RunFailedError(RuntimeError):
@@ -59,55 +46,44 @@ class RunFailedError(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig, callbacks=()):
         if not isinstance(config, RunConfig):
             raise TypeError(f"Trainer takes a grpo.RunConfig, got {type(config).__name__}")
         self.config = config
         self.run_dir = Path(config.output_dir).resolve()
-        self._check_before_starting()
+        check_run(config)
+        self.callbacks = CallbackList(callbacks)
+        self.state = RunState()
         self.pool = self.group = self.sink = None
         self.samples = SampleWriter(self.run_dir / "samples.jsonl", config.model)
         self.eval_samples = SampleWriter(self.run_dir / "eval_samples.jsonl", config.model)
-        self._ray_tmp = None
-        self._ray_joined = False
-
-    def _check_before_starting(self) -> None:
-        """Everything that can be checked without Ray: a mistake here costs seconds, not a cluster start."""
-        import envs
-        from grpo.learner.forward import check_model_dir
-
-        check_model_dir(self.config.model)
-        if self.config.adapter is not None and not (Path(self.config.adapter) / "adapter_config.json").is_file():
-            raise FileNotFoundError(f"adapter={self.config.adapter!r} has no adapter_config.json: give the "
-                                    "folder a LoRA adapter was saved to (save_pretrained), or leave it unset")
-        # One training seed built and reset as a rollout would: a broken env fails here, not in an actor.
-        envs.check_env(self.config.env.name, self.config.env.options, self.config.train_seed_offset)
-        for f in self.config.fault.faults:
-            count = self.config.cluster.rollout_workers if f.target == "rollout" else self.config.cluster.train_ranks
-            if f.index >= count or f.step > self.config.steps:
-                raise ConfigError("RunConfig", "fault.inject", f.spec,
-                                  f"a fault that can fire: index below {count} ({f.target}s in the cluster section) "
-                                  f"and step at most steps ({self.config.steps})")
+        self.restarts = 0
+        self._step = 0  # the step running now (1-based); 0 while starting
+        self._recovery: dict | None = None  # the last fault's restart event, logged once a step completed
+        self._ray = session.RaySession()
 
     # -------------------------------------------------------------------------------------------- loop
     def fit(self) -> dict:
         # Refused at once, before anything starts, when another live run holds the folder.
         lock = RunLock(self.run_dir).acquire()
-        _sigterm_received.clear()
-        restore = _exit_on_sigterm()
+        restore = session.catch_sigterm()
         plan = InjectionPlan(self.config.fault.faults)
-        self.restarts, self._step, self._recovery, self._eval_before, self._started = 0, 0, None, None, None
+        self.state, self.restarts, self._step, self._recovery = RunState(), 0, 0, None
         try:
-            self._start()
+            self.callbacks.call("on_train_begin", self)
+            with self.callbacks.phase(self, "start"):
+                self._start()
             while True:
                 try:
-                    return self._run(plan)
+                    summary = self._run(plan)
+                    self.callbacks.call("on_train_end", self, summary)
+                    return summary
                 except ActorFault as fault:
                     self._recover(fault)
         except (SystemExit, KeyboardInterrupt) as e:
-            if _sigterm_received.is_set() or (isinstance(e, SystemExit) and e.code == 128 + signal.SIGTERM):
+            if session.stopped_by_sigterm(e):
                 print(self._stop_line("stopped by SIGTERM"), file=sys.stderr, flush=True)
-                raise SystemExit(128 + signal.SIGTERM) from None
+                raise SystemExit(session.SIGTERM_EXIT) from None
             if isinstance(e, KeyboardInterrupt):
                 print(self._stop_line("interrupted (Ctrl-C)"), file=sys.stderr, flush=True)
             raise
@@ -120,62 +96,76 @@ class Trainer:
 
     def _run(self, plan: InjectionPlan) -> dict:
         """Start the actors, restore the last checkpoint and train to the end; an ActorFault ends an attempt."""
-        cfg = self.config
-        self._start_actors()
-        state = self._resume_or_begin(plan)
-        sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state["cursor"])
-        rollout_cfg = cfg.rollout.rollout_config()
-        progress = _progress(state["step"], cfg.steps, cfg.group_size, cfg.rollout.max_model_len)
+        cfg, state = self.config, self._resume_or_begin(plan)
+        sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state.cursor)
+        bar = progress(state.step, cfg.steps, cfg.group_size, cfg.engine.max_model_len)
         try:
-            for step in range(state["step"], cfg.steps):
-                self._step = step + 1
-                t0 = time.perf_counter()
-                trajs, rstats = self.pool.rollout(sampler.take(cfg.tasks_per_step), cfg.group_size, rollout_cfg,
-                                                  faults=plan.take(step + 1, "rollout"))
-                self._check_versions(trajs, state["version"])
-                adv, kept, credit = self._advantages(trajs)
-                t1 = time.perf_counter()
-                self.pool.sleep()
-                tstats = self.group.train_step([trajs[i] for i in kept], [adv[i] for i in kept],
-                                               faults=plan.take(step + 1, "train_rank"))
-                t2 = time.perf_counter()
-                state["version"] = self.group.publish(self.store_root)
-                self.pool.wake_up()
-                self.pool.sync_adapter(state["version"])
-                t3 = time.perf_counter()
-                state["step"], state["cursor"] = step + 1, sampler.cursor
-                record = {"step": step + 1, "rollout_adapter_version": rstats_version(trajs),
-                          "adapter_version": state["version"],
-                          "rollout": rstats.as_dict(), "train": tstats, **credit,
-                          "time": {"rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0}}
-                if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-                    record["eval"] = state["evals"][str(step + 1)] = self.evaluate(label=f"step {step + 1}")
-                self._record_episodes(step + 1, trajs, record)
+            for step in range(state.step + 1, cfg.steps + 1):
+                self._step = step
+                record, trajs = self._train_step(step, sampler, plan)
+                if cfg.eval.every and step % cfg.eval.every == 0:
+                    record["eval"] = state.evals[str(step)] = self.evaluate(label=f"step {step}")
+                self._record_episodes(step, trajs, record)
+                self.callbacks.call("on_step_end", self, record)
                 self.sink.log(record)
                 if self._recovery is not None:
                     self._log_restart()
-                progress(record)
+                bar(record)
                 reached = _reached(record, cfg.eval.target_success)
-                if checkpoint.should_save(step + 1, cfg.checkpoint.every, cfg.steps) or reached:
-                    self._save(dict(state, faults_fired=sorted(plan.fired)), sampler)
+                if checkpoint.should_save(step, cfg.checkpoint.every, cfg.steps) or reached:
+                    with self.callbacks.phase(self, "checkpoint"):
+                        self._save(plan)
                 if reached:
                     break
         finally:
-            progress.close()
+            bar.close()
         if self._recovery is not None:  # recovered after the last step (a fault in the final eval)
             self._log_restart()
-        return self._finish(state)
+        return self._finish()
+
+    def _train_step(self, step: int, sampler: TaskSampler, plan: InjectionPlan) -> tuple[dict, list]:
+        """Rollouts, advantages, the update and the new adapter served: the step's record and episodes."""
+        cfg, state, phase = self.config, self.state, self.callbacks.phase
+        t0 = time.perf_counter()
+        tasks, faults = sampler.take(cfg.tasks_per_step), plan.take(step, "rollout")
+        with phase(self, "rollout"):
+            trajs, rstats = self.pool.rollout(tasks, cfg.group_size, cfg.rollout, faults=faults)
+        self._check_versions(trajs, state.version)
+        with phase(self, "advantages"):
+            adv, kept, credit = self._advantages(trajs)
+        t1 = time.perf_counter()
+        with phase(self, "sleep"):
+            self.pool.sleep()
+        with phase(self, "train"):
+            tstats = self.group.train_step([trajs[i] for i in kept], [adv[i] for i in kept],
+                                           faults=plan.take(step, "train_rank"))
+        t2 = time.perf_counter()
+        with phase(self, "publish"):
+            state.version = self.group.publish(self.store_root)
+        with phase(self, "wake_up"):
+            self.pool.wake_up()
+        with phase(self, "hotload"):
+            self.pool.sync_adapter(state.version)
+        t3 = time.perf_counter()
+        state.step, state.cursor = step, sampler.cursor
+        record = {"step": step, "rollout_adapter_version": rstats_version(trajs), "adapter_version": state.version,
+                  "rollout": rstats.as_dict(), "train": tstats, **credit,
+                  "time": {"rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0}}
+        return record, trajs
 
     def evaluate(self, seeds=None, label: str = "eval") -> dict:
         """Greedy episodes on the fixed evaluation seeds with the adapter the workers serve now; every episode
         goes to eval_samples.jsonl under `label`."""
-        seeds = list(seeds) if seeds is not None else self.config.eval_seeds
-        cfg = self.config
-        tasks = [Task(cfg.env.name, s, cfg.env.options) for s in seeds]
-        trajs, stats = self.pool.rollout(tasks, 1, cfg.rollout.rollout_config(), greedy=True)
-        self.eval_samples.write(trajs, label=label)
-        return {**eval_summary(trajs, stats),
-                "solved_seeds": [t.seed for t in trajs if t.success], "outcomes": run_summary.episode_outcomes(trajs)}
+        with self.callbacks.phase(self, "eval"):
+            seeds = list(seeds) if seeds is not None else self.config.eval_seeds
+            cfg = self.config
+            tasks = [Task(cfg.env.name, s, cfg.env.options) for s in seeds]
+            trajs, stats = self.pool.rollout(tasks, 1, cfg.rollout, greedy=True)
+            self.eval_samples.write(trajs, label=label)
+            result = {**eval_summary(trajs, stats), "solved_seeds": [t.seed for t in trajs if t.success],
+                      "outcomes": run_summary.episode_outcomes(trajs)}
+        self.callbacks.call("on_eval", self, label, result)
+        return result
 
     # ------------------------------------------------------------------------------------------ pieces
     def _advantages(self, trajs) -> tuple[list, list[int], dict]:
@@ -213,32 +203,35 @@ class Trainer:
             raise RuntimeError(f"rollouts used adapter versions {sorted(used, key=str)}, expected {expected}: "
                                "the hot-load after the last publish did not take effect")
 
-    def _resume_or_begin(self, plan: InjectionPlan) -> dict:
+    def _resume_or_begin(self, plan: InjectionPlan) -> RunState:
+        """Fresh actors, the last checkpoint restored (or a new run begun), a fresh adapter version served."""
+        with self.callbacks.phase(self, "actors_start"):
+            self._start_actors()
+        earlier = self.state  # this process's state before a restart: its eval before and its clock stay
         resumed = self.group.load_checkpoint(self.checkpoint_root)
         if resumed is not None:
-            state = resumed["state"]
-            print(f"[grpo] resumed from {resumed['path']} at step {state['step']}", file=sys.stderr)
+            state = RunState.from_dict(resumed["state"])
+            print(f"[grpo] resumed from {resumed['path']} at step {state.step}", file=sys.stderr)
         else:
-            state = {"step": 0, "cursor": 0, "evals": {}, "wall_s": 0.0}
-        self._step = state["step"] + 1
+            state = RunState()
+        self.state, self._step = state, state.step + 1
         # A fault that fired before the checkpoint (in an earlier process) does not fire again on resume.
-        plan.fired.update(state.pop("faults_fired", ()))
+        plan.fired.update(state.faults_fired)
         # The steps after the checkpoint run again: their earlier lines go, one line a step stays.
-        drop_steps_after(self.run_dir / "metrics.jsonl", state["step"])
-        drop_steps_after(self.run_dir / "samples.jsonl", state["step"])
+        drop_steps_after(self.run_dir / "metrics.jsonl", state.step)
+        drop_steps_after(self.run_dir / "samples.jsonl", state.step)
         # Always a new version: the store may hold versions published after the checkpoint.
-        state["version"] = self.group.publish(self.store_root)
-        self.pool.sync_adapter(state["version"])
-        if "eval_before" not in state and self._eval_before is not None:
-            state["eval_before"] = self._eval_before  # measured before a restart that found no checkpoint
-        if "eval_before" not in state:
-            state["eval_before"] = self.evaluate(label="before")
-            print(f"[grpo] eval before training: {state['eval_before']['success_rate']:.1%}", file=sys.stderr)
-        self._eval_before = state["eval_before"]
+        state.version = self.group.publish(self.store_root)
+        self.pool.sync_adapter(state.version)
+        if state.eval_before is None:
+            state.eval_before = earlier.eval_before  # measured before a restart that found no checkpoint
+        if state.eval_before is None:
+            state.eval_before = self.evaluate(label="before")
+            print(f"[grpo] eval before training: {state.eval_before['success_rate']:.1%}", file=sys.stderr)
         # After a restart in this process the wall clock keeps running from this process's start.
-        state["started"] = self._started = self._started or time.time() - state["wall_s"]
+        state.started = earlier.started or time.time() - state.wall_s
         if self._recovery is not None:
-            self._recovery["resumed_step"] = state["step"]
+            self._recovery["resumed_step"] = state.step
         return state
 
     def _recover(self, fault: ActorFault) -> None:
@@ -248,12 +241,12 @@ class Trainer:
             self._log_restart(completed=False)
         self.restarts += 1
         limit = self.config.fault.max_restarts
+        why = f"{fault.actor} failed in step {self._step}: {fault.cause.rstrip('.')}"
         if self.restarts > limit:
-            raise RunFailedError(f"{fault.actor} failed in step {self._step}: {fault.cause.rstrip('.')}. The run has used all "
-                                 f"{limit} restarts (fault.max_restarts); {self._checkpoint_phrase()}; run the same "
-                                 "command to resume") from fault
-        print(f"[grpo] {fault.actor} failed in step {self._step}: {fault.cause.rstrip('.')}; restart {self.restarts} of {limit}: "
-              "new actors from the last checkpoint", file=sys.stderr, flush=True)
+            raise RunFailedError(f"{why}. The run has used all {limit} restarts (fault.max_restarts); "
+                                 f"{self._checkpoint_phrase()}; run the same command to resume") from fault
+        print(f"[grpo] {why}; restart {self.restarts} of {limit}: new actors from the last checkpoint",
+              file=sys.stderr, flush=True)
         self._close_actors()
         self._recovery = {"event": "restart", "step": self._step, "cause": fault.cause, "actor": fault.actor,
                           "detect_s": round(fault.waited_s, 2), "resumed_step": None, "t0": t0}
@@ -280,30 +273,30 @@ class Trainer:
         where = f"in step {self._step}" if self._step else "while starting"
         return f"[grpo] {why} {where}; {self._checkpoint_phrase()}; run the same command to resume"
 
-    def _save(self, state: dict, sampler: TaskSampler) -> None:
-        state = dict(state, cursor=sampler.cursor, wall_s=time.time() - state["started"])
-        self.group.save_checkpoint(self.checkpoint_root, data_cursor=sampler.cursor, state=state,
-                                   keep_last=self.config.checkpoint.keep)
+    def _save(self, plan: InjectionPlan) -> None:
+        state = self.state
+        state.faults_fired, state.wall_s = sorted(plan.fired), time.time() - state.started
+        self.group.save_checkpoint(self.checkpoint_root, state=state.to_dict(), keep_last=self.config.checkpoint.keep)
 
-    def _finish(self, state: dict) -> dict:
-        cfg = self.config
+    def _finish(self) -> dict:
+        cfg, state = self.config, self.state
         after = self.evaluate(label="after")
         unseen = self.evaluate(cfg.unseen_seeds, label="unseen") if cfg.unseen_seeds else None
         curve = None
         if cfg.metrics.plots:
             curve = plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png",
-                                start={"eval/success_rate": state["eval_before"]["success_rate"]},
+                                start={"eval/success_rate": state.eval_before["success_rate"]},
                                 end={"eval/success_rate": after["success_rate"]})
         summary = {
-            "eval_before": state["eval_before"]["success_rate"], "eval_after": after["success_rate"],
-            "unseen_after": unseen["success_rate"] if unseen else None, "steps": state["step"],
-            "grpo_wall_s": round(time.time() - state["started"], 1), "adapter_version": state["version"],
-            "adapter_path": str(Path(self.store_root) / "adapters" / f"v{state['version']:06d}"),
-            "evals": state["evals"], "eval_after_detail": after, "unseen_after_detail": unseen,
+            "eval_before": state.eval_before["success_rate"], "eval_after": after["success_rate"],
+            "unseen_after": unseen["success_rate"] if unseen else None, "steps": state.step,
+            "grpo_wall_s": round(time.time() - state.started, 1), "adapter_version": state.version,
+            "adapter_path": str(Path(self.store_root) / "adapters" / f"v{state.version:06d}"),
+            "evals": state.evals, "eval_after_detail": after, "unseen_after_detail": unseen,
             "curves_png": str(curve) if curve else None, "model": cfg.model,
             # Restarts logged in metrics.jsonl: this process's and those of earlier processes of the run.
             "restarts": self.sink.event_counts.get("restart", 0),
-            **run_summary.mechanism(self.run_dir / "metrics.jsonl", cfg.tasks_per_step, state["eval_before"], after),
+            **run_summary.mechanism(self.run_dir / "metrics.jsonl", cfg.tasks_per_step, state.eval_before, after),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=1, allow_nan=False) + "\n")
         print(table(summary_rows(summary, self.run_dir)), flush=True)
@@ -320,29 +313,11 @@ class Trainer:
 
     def _start(self) -> None:
         """Ray and the metrics sink: once per fit(), kept across restarts."""
-        import ray
-
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         runtime.configure(self.run_dir, runtime.shared_cache_dir(self.run_dir))
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
-        if not ray.is_initialized():
-            try:
-                if cfg.cluster.address:
-                    self._ray_joined = True
-                    ray.init(address=cfg.cluster.address, log_to_driver=False)
-                else:
-                    # Unix socket paths are limited to 107 bytes: Ray's session folder lives under /tmp.
-                    self._ray_tmp = tempfile.mkdtemp(prefix="grpo-ray-", dir="/tmp")
-                    cpus = max(os.cpu_count() or 1, cfg.cluster.train_ranks + cfg.cluster.rollout_workers)
-                    ray.init(num_cpus=cpus, _temp_dir=self._ray_tmp, include_dashboard=False, log_to_driver=False)
-            except SystemExit:
-                # While ray.init runs, its own SIGTERM handlers are in place and exit silently with status 15
-                # or 1 (measured); the only SystemExit out of ray.init, so it is a SIGTERM: the documented 143.
-                raise SystemExit(128 + signal.SIGTERM) from None
-            # ray.init leaves its handler in place, which exits 1 without unwinding: ours again
-            # (fit() puts back what was there before it).
-            _exit_on_sigterm()
+        self._ray.start(cfg.cluster.address, cfg.cluster.train_ranks + cfg.cluster.rollout_workers)
         self.sink = MetricsSink(self.run_dir, cfg.metrics.tensorboard, cfg.metrics.prometheus_port,
                                 wandb=cfg.metrics.wandb, run_config=cfg.to_dict())
 
@@ -361,7 +336,8 @@ class Trainer:
                                 resources=c.rollout_resources, call_timeout_s=f.call_timeout_s,
                                 env_names=[cfg.env.name])
         self.group = TrainGroup(cfg.model, c.train_ranks, lora=cfg.lora, algorithm=cfg.algorithm,
-                                train=cfg.train, adapter_path=cfg.adapter, gpus_per_rank=share,
+                                train=cfg.train, temperature=cfg.rollout.temperature, total_steps=cfg.steps,
+                                adapter_path=cfg.adapter, gpus_per_rank=share,
                                 resources=c.train_resources, start_timeout_s=f.start_timeout_s,
                                 call_timeout_s=f.call_timeout_s)
         self.pool.ready(f.start_timeout_s)
@@ -373,39 +349,11 @@ class Trainer:
         self.pool = self.group = None
 
     def close(self) -> None:
-        import ray
-
         self._close_actors()
         if self.sink is not None:
             self.sink.close()
             self.sink = None
-        if self._ray_tmp is not None or self._ray_joined:
-            ray.shutdown()  # joined a cluster: disconnect only; started one here: stop it
-            self._ray_joined = False
-        if self._ray_tmp is not None:
-            shutil.rmtree(self._ray_tmp, ignore_errors=True)
-            self._ray_tmp = None
-
-
-# Set by our SIGTERM handler. A SIGTERM that lands while the driver waits in ray.get or ray.wait reaches
-# fit() as SystemExit(1): Ray's wait turns the handler's SystemExit(143) into that (measured, Ray 2.60), so
-# fit() asks this, not the exit code, whether a SIGTERM stopped it.
-_sigterm_received = threading.Event()
-
-
-def _exit_on_sigterm():
-    """Let SIGTERM (a scheduler's kill, `timeout`) unwind like Ctrl-C, so that Ray and its /tmp folder are shut
-    down; Python's default for SIGTERM exits without running `finally`. Returns the undo."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum, frame):
-        _sigterm_received.set()
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    # A handler installed from C (None here) cannot be put back from Python: the default then.
-    return lambda: signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        self._ray.stop()  # joined a cluster: disconnect only; started one here: stop it
 
 
 def _mean_abs(values: list[float]) -> float:
@@ -418,26 +366,3 @@ def rstats_version(trajs) -> int:
 
 def _reached(record: dict, target) -> bool:
     return target is not None and "eval" in record and record["eval"]["success_rate"] >= target
-
-
-def _progress(start: int, total: int, group_size: int, max_model_len: int):
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, initial=start, desc="grpo", unit="step", file=sys.stderr, dynamic_ncols=True)
-
-    def update(record: dict) -> None:
-        r, t = record["rollout"], record["train"]
-        shown = {"reward": f"{r['mean_reward']:.2f}", "success": f"{r['success_rate']:.0%}",
-                 "turns": f"{r['mean_turns']:.1f}", "mismatch": f"{t.get('sampler_abs_diff', 0):.1e}",
-                 "step_s": f"{record['time']['step_s']:.1f}"}
-        if "eval" in record:
-            shown["eval"] = f"{record['eval']['success_rate']:.0%}"
-        bar.set_postfix(shown, refresh=False)
-        bar.update(1)
-        for warning in step_warnings(record, group_size, max_model_len):
-            bar.write(f"[grpo] warning: {warning}", file=sys.stderr)
-        if record["step"] >= total:
-            bar.close()
-
-    update.close = bar.close
-    return update

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from grpo.report.metrics import read_metrics
+from grpo.report.metrics import flatten, read_metrics
 
 # (title, keys drawn together, how): "lines" shares one axis, "stack" stacks the parts of a whole as bars, "log" is a
 # log axis for small positive numbers (the mismatch: 3e-10 of noise must not look like a spike).
@@ -21,17 +21,6 @@ PANELS = (
     ("step time (s)", ("time/rollout_s", "time/train_s", "time/sync_s"), "stack"),
 )
 CURVES = tuple(k for _, keys, _ in PANELS for k in keys)
-
-
-def flatten(record: dict, prefix: str = "") -> dict[str, float]:
-    """{"train": {"loss": 1.0}} -> {"train/loss": 1.0}: finite numbers only."""
-    out = {}
-    for k, v in record.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}/"))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            out[f"{prefix}{k}"] = float(v)
-    return out
 
 
 def curve_series(records: list[dict], keys=CURVES, start: dict | None = None,

@@ -60,7 +60,7 @@ class MetricsSink:
         if "event" in record:
             self._event(str(record["event"]), step)
             return
-        values = dict(_numbers(record))
+        values = flatten(record)
         for key, value in values.items():
             if self._tb is not None:
                 self._tb.add_scalar(key, value, step)
@@ -117,15 +117,18 @@ def prometheus_name(key: str) -> str:
 
 
 def json_safe(value):
-    """The value with every NaN and infinity replaced by None, so that json.dumps writes strict JSON (null)
-    instead of the bare NaN that strict readers (jq, JavaScript, Go) refuse."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+    """The value as plain JSON: every NaN and infinity replaced by None, so that json.dumps writes strict JSON
+    (null) instead of the bare NaN that strict readers (jq, JavaScript, Go) refuse; tuples as lists, keys as
+    strings, and anything else JSON cannot hold (an env's own objects in `info`) as its repr."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
-    return value
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return repr(value)
 
 
 def _count_events(path: Path) -> dict[str, int]:
@@ -136,16 +139,19 @@ def _count_events(path: Path) -> dict[str, int]:
     return counts
 
 
-def _numbers(record: dict, prefix: str = ""):
+def flatten(record: dict, prefix: str = "") -> dict[str, float]:
+    """{"train": {"loss": 1.0}} -> {"train/loss": 1.0}: finite numbers only (what is plotted and served)."""
+    out = {}
     for k, v in record.items():
-        key = f"{prefix}{k}"
         if isinstance(v, dict):
-            yield from _numbers(v, key + "/")
+            out.update(flatten(v, f"{prefix}{k}/"))
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            yield key, float(v)
+            out[f"{prefix}{k}"] = float(v)
+    return out
 
 
 def read_metrics(path: Path) -> list[dict]:
+    """Every record of a metrics.jsonl file (or any JSONL file of the run), in order; [] when there is none."""
     path = Path(path)
     if not path.exists():
         return []

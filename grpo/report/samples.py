@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from grpo.report.metrics import json_safe
+
 
 def decode_episode(traj, tokenizer, vision_ids=()) -> dict:
     """One episode as text: the first prompt, then per turn the reply, its reward and the env's feedback (the
     tokens the next turn's context added, chat-template markers included: what the model saw). The last
     turn's feedback is None: the episode ended, its final observation never entered a context."""
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
-    contexts, replies = _contexts_and_replies(traj.segments, set(vision_ids))
+    contexts, replies = _contexts_and_replies(traj, set(vision_ids))
     feedback = [decode(ids) for ids in contexts[1:]] + [None]
     turns = [{"reply": decode(r), "reward": rw, "feedback": fb}
              for r, rw, fb in zip(replies, traj.turn_rewards, feedback)]
@@ -23,10 +25,10 @@ def decode_episode(traj, tokenizer, vision_ids=()) -> dict:
             "num_turns": traj.num_turns, "parse_errors": traj.parse_errors,
             "rewards": (traj.info or {}).get("rewards"), "prompt": decode(contexts[0]) if contexts else None,
             "images": sum(len(s.images) for s in traj.segments),
-            "turns": turns, "info": _plain(traj.info or {})}
+            "turns": turns, "info": json_safe(traj.info or {})}
 
 
-def _contexts_and_replies(segments, vision_ids: set) -> tuple[list[list[int]], list[list[int]]]:
+def _contexts_and_replies(traj, vision_ids: set) -> tuple[list[list[int]], list[list[int]]]:
     """The prompt and each turn's new context tokens, and each turn's reply tokens.
 
     With the whole history kept an episode is one segment: context, reply, context, reply, ... With one segment
@@ -35,9 +37,9 @@ def _contexts_and_replies(segments, vision_ids: set) -> tuple[list[list[int]], l
     contexts, replies = [], []
     first = None
     previous = None
-    for seg in segments:
+    for seg, spans in zip(traj.segments, traj.turn_spans()):
         ids, pos = seg.token_ids, 0
-        for start, end in _runs(seg.loss_mask):
+        for start, end in spans:
             context = ids[pos:start]
             if pos == 0 and previous is not None:
                 kept = [i for i in previous if i not in vision_ids]
@@ -52,17 +54,6 @@ def _contexts_and_replies(segments, vision_ids: set) -> tuple[list[list[int]], l
     return contexts, replies
 
 
-def _runs(mask: list[int]) -> list[tuple[int, int]]:
-    runs, start = [], None
-    for i, m in enumerate(list(mask) + [0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
-
-
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -70,17 +61,6 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
-
-
-def _plain(value):
-    """JSON-writable: numbers, strings, lists and dicts kept, anything else as its repr."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
 
 
 def pick(trajs: list, n: int) -> list:

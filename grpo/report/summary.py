@@ -7,9 +7,10 @@ replies that did not parse). Generic: it reads stop reasons and parse errors, wh
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
+
+from grpo.report.metrics import read_metrics
 
 
 def episode_outcomes(trajs) -> dict:
@@ -33,13 +34,10 @@ def episode_outcomes(trajs) -> dict:
 def step_records(metrics_path: str | Path) -> dict[int, dict]:
     """The step records of metrics.jsonl by step (events skipped; a step logged again after a restart
     counts once, as last logged)."""
-    path = Path(metrics_path)
     records: dict[int, dict] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if "event" not in record and "step" in record:
-                records[int(record["step"])] = record
+    for record in read_metrics(metrics_path):
+        if "event" not in record and "step" in record:
+            records[int(record["step"])] = record
     return records
 
 

@@ -51,7 +51,7 @@ def step_warnings(record: dict, group_size: int, max_model_len: int | None = Non
                    f"{why}: nothing to learn from this step; samples.jsonl shows the episodes")
     cut = int((r.get("stop_reasons") or {}).get("context", 0))
     if cut:
-        limit = f" (rollout.max_model_len={max_model_len})" if max_model_len else ""
+        limit = f" (engine.max_model_len={max_model_len})" if max_model_len else ""
         out.append(f"step {record['step']}: {cut} of {episodes} episodes ended at the context limit{limit}: raise "
                    "it, shorten the history (rollout.history) or cap the turns")
     return out

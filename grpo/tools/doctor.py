@@ -1,6 +1,6 @@
 """Proves the stack on this machine: the first thing to run on a new one.
 
-    python -m grpo.tools.doctor [--json] [--model PATH] [--run-dir runs/doctor]
+    grpo doctor [--json] [--model PATH] [--run-dir runs/doctor]     (grpo.cli; `make doctor`)
 
 Starts vLLM with LoRA on a vision-language model (the tiny Qwen3-VL unless --model is given), generates
 from an image prompt with a published adapter and compares vLLM's per-token logprobs with transformers +
@@ -172,8 +172,8 @@ def engine_request(prompt_ids, images):
     return Request(prompt_ids=list(prompt_ids), images=list(images))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "grpo doctor") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
     ap.add_argument("--model", help="a local vision-language model folder (default: build the tiny Qwen3-VL)")
     ap.add_argument("--run-dir", default="runs/doctor", help="where models, adapters and caches go")
@@ -197,7 +197,3 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(report))
     return 0 if report["ok"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -88,7 +88,8 @@ class TinyPreset:
 
 
 PRESETS = {
-    # About 0.8M parameters: the model DESIGN.md measured; vLLM on 2 cores serves it at thousands of tokens/s.
+    # About 0.8M parameters: the model docs/design.md, "Tiny models" measured; vLLM on 2 cores serves it at
+    # thousands of tokens/s.
     "tiny": TinyPreset(
         vocab_size=1024, text_hidden=128, text_layers=2, text_heads=4, text_kv_heads=2,
         text_intermediate=256, head_dim=32, vision_hidden=64, vision_depth=2, vision_heads=2,

@@ -1,0 +1,164 @@
+"""The `grpo` command (also `python -m grpo`):
+
+    grpo train CONFIG.yaml [--section.field VALUE ...] [--dry-run]
+    grpo eval RUN_OR_ADAPTER [--seeds 0-63] [--samples K] [--base] [--adapter DIR] ...
+    grpo doctor [--json] [--model PATH] [--run-dir runs/doctor]
+
+`grpo train` runs any GRPO config (--dry-run validates it and prints it resolved, without Ray, vLLM or a GPU).
+`grpo eval` scores an adapter as the trainer's own evals do:
+
+    grpo eval runs/maze                    # the adapter the run ended with, on its eval seeds
+    grpo eval runs/maze --base             # the starting point, on the same seeds
+    grpo eval runs/maze --seeds 10000-10063 --samples 8   # pass@8 at the run's temperature
+    grpo eval ADAPTER_DIR --model MODEL --env maze --options '{"size": 9}'
+
+It prints a short table, then one JSON object as the last line, and writes every episode, decoded, to a JSONL
+file (RUN/eval/<adapter>[-seeds..][-samples..].jsonl, or --out). `grpo doctor` proves the stack on this machine.
+Extra arguments of train and eval override the config (`--rollout.max_tokens_per_turn 16`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+OVERRIDES = "config overrides: --algo.clip_high 0.28 --steps 10 --rollout.temperature=0.7 --env.options '{size: 7}'"
+
+
+def train(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="grpo train", description="Run a GRPO config.", epilog=OVERRIDES)
+    ap.add_argument("config", help="a YAML file of RunConfig fields")
+    ap.add_argument("--dry-run", action="store_true", help="validate and print the resolved config, then exit")
+    args, overrides = ap.parse_known_args(argv)
+
+    import envs
+    from grpo.algo.config import ConfigError
+    from grpo.config import RunConfig
+    from grpo.driver.preflight import check_run
+
+    try:
+        config = RunConfig.from_yaml(args.config, overrides)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"grpo train: bad config {args.config}: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        try:
+            # The model and adapter folders may live on the machine that will run it: not checked here.
+            check_run(config, files=False)
+        except (ValueError, TypeError, envs.EnvError) as e:
+            print(f"grpo train: {args.config}: {e}", file=sys.stderr)
+            return 2
+        print(config.to_yaml())
+        model_ok = (Path(config.model) / "config.json").is_file()
+        print(json.dumps({"valid": True, "model_found": model_ok, "output_dir": config.output_dir}))
+        if not model_ok:
+            print(f"note: model folder {config.model!r} is not on this machine; a real run needs it",
+                  file=sys.stderr)
+        return 0
+
+    from grpo.driver.trainer import Trainer
+
+    try:
+        trainer = Trainer(config)
+    except (FileNotFoundError, ValueError, envs.EnvError) as e:
+        print(f"grpo train: {e}", file=sys.stderr)
+        return 2
+    summary = trainer.fit()
+    print(json.dumps({k: summary[k] for k in ("eval_before", "eval_after", "unseen_after", "steps", "grpo_wall_s")}))
+    return 0
+
+
+def evaluate(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="grpo eval", description="Evaluate an adapter as the trainer does.",
+                                 epilog=OVERRIDES)
+    ap.add_argument("target", help="a run folder (its config.yaml) or a LoRA adapter folder")
+    ap.add_argument("--seeds", help="e.g. 0-63 or 0-3,10 (default: the run's eval.seeds)")
+    ap.add_argument("--samples", type=int, default=1, help="episodes a seed: 1 is greedy; k > 1 samples at the "
+                    "run's temperature and reports pass@k")
+    ap.add_argument("--base", action="store_true", help="score the starting point: the model (or the adapter "
+                    "the run began from) without the trained adapter")
+    ap.add_argument("--adapter", help="this adapter folder instead of the run's final one")
+    ap.add_argument("--model", help="the model folder (default: the run's, or the adapter's base model)")
+    ap.add_argument("--env", help="an env name (default: the run's)")
+    ap.add_argument("--options", help="the env's options as JSON (default: the run's)")
+    ap.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                    help="import a module first (one that registers your env with envs.register)")
+    ap.add_argument("--out", help="the JSONL file for the decoded episodes (default: RUN/eval/<adapter>.jsonl)")
+    args, overrides = ap.parse_known_args(argv)
+
+    import importlib
+
+    from envs import parse_seeds
+    from grpo.algo.config import ConfigError
+    from grpo.driver import eval as run_eval
+
+    if args.samples < 1:
+        ap.error(f"--samples {args.samples}: give 1 (greedy) or more episodes a seed")
+    if args.base and args.adapter:
+        ap.error("--base and --adapter exclude each other: --base scores the starting point")
+    for module in args.imports:
+        importlib.import_module(module)
+    if args.env:
+        # Another env's options would not fit it: none unless --options gives them.
+        overrides += ["--env.name", args.env] + ([] if args.options else ["--env.options", "{}"])
+    if args.options:
+        overrides += ["--env.options", args.options]
+    try:
+        cfg, adapter, run_dir = run_eval.resolve(args.target, args.model, args.adapter, args.base, overrides)
+        seeds = parse_seeds(args.seeds) if args.seeds else cfg.eval_seeds
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"grpo eval: {e}", file=sys.stderr)
+        return 2
+    tag = "base" if adapter is None else Path(adapter).name
+    # One file per question asked: another seed set or sampling does not overwrite the greedy eval's file.
+    if args.seeds:
+        tag += f"-seeds{args.seeds.replace(',', '_')}"
+    if args.samples > 1:
+        tag += f"-samples{args.samples}"
+    home = run_dir if run_dir is not None else Path.cwd()
+    out = Path(args.out) if args.out else home / "eval" / f"{tag}.jsonl"
+    result = run_eval.evaluate(cfg, adapter, seeds, args.samples, home, out)
+    from grpo.report.table import table
+
+    print(table(_eval_rows(result, cfg, seeds)))
+    print(json.dumps(result))
+    return 0
+
+
+def _eval_rows(result: dict, cfg, seeds: list[int]) -> list[tuple[str, str]]:
+    k = result.get("samples", 1)
+    decoding = "greedy" if k == 1 else f"{k} samples a seed, temperature {cfg.rollout.temperature}"
+    out = [("model", cfg.model), ("adapter", result["adapter"] or "none (the base model)"),
+           ("env", f"{cfg.env.name} {json.dumps(cfg.env.options, sort_keys=True)}"),
+           ("seeds", f"{len(seeds)} ({seeds[0]}-{seeds[-1]})" if seeds else "0"), ("decoding", decoding),
+           ("success rate", f"{result['success_rate']:.1%} of {result['episodes']} episodes")]
+    if k > 1:
+        out.append((f"pass@{k}", f"{result[f'pass_at_{k}']:.1%}"))
+    out += [("mean reward", f"{result['mean_reward']:.3f}"), ("mean turns", f"{result['mean_turns']:.2f}"),
+            ("stop reasons", ", ".join(f"{r} {c}" for r, c in sorted(result["stop_reasons"].items())))]
+    out += [(f"reward/{name}", f"{v:.3f}") for name, v in result.get("rewards", {}).items()]
+    if result.get("episodes_file"):
+        out.append(("episodes (decoded)", result["episodes_file"]))
+    return out
+
+
+def doctor(argv: list[str]) -> int:
+    from grpo.tools import doctor as tool
+
+    return tool.main(argv, prog="grpo doctor")
+
+
+COMMANDS = {"train": train, "eval": evaluate, "doctor": doctor}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__, file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        print(f"grpo: unknown command {argv[0]!r}: give one of {', '.join(COMMANDS)} (grpo --help)",
+              file=sys.stderr)
+        return 2
+    return COMMANDS[argv[0]](argv[1:])

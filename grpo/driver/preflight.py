@@ -1,0 +1,30 @@
+"""What can be checked about a run before Ray starts: a mistake found here costs seconds, not a cluster start.
+`grpo train --dry-run` runs the same checks, less those of files that may live on another machine."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpo.algo.config import ConfigError
+from grpo.config import RunConfig
+
+
+def check_run(config: RunConfig, files: bool = True) -> None:
+    """Raise on the first problem: the env (one training seed built and reset as a rollout would), injected
+    faults that could never fire, and with `files` the model folder and the starting adapter."""
+    import envs
+
+    if files:
+        from grpo.learner.forward import check_model_dir
+
+        check_model_dir(config.model)
+        if config.adapter is not None and not (Path(config.adapter) / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"adapter={config.adapter!r} has no adapter_config.json: give the folder a "
+                                    "LoRA adapter was saved to (save_pretrained), or leave it unset")
+    # A broken env fails here, not in an actor.
+    envs.check_env(config.env.name, config.env.options, config.train_seed_offset)
+    for f in config.fault.faults:
+        count = config.cluster.rollout_workers if f.target == "rollout" else config.cluster.train_ranks
+        if f.index >= count or f.step > config.steps:
+            raise ConfigError("RunConfig", "fault.inject", f.spec,
+                              f"a fault that can fire: index below {count} ({f.target}s in the cluster section) "
+                              f"and step at most steps ({config.steps})")
