@@ -8,7 +8,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install prometheus test test-fast maze doctor bench clean
+.PHONY: install prometheus lint test test-fast maze doctor bench clean
 
 install: $(STAMP)
 
@@ -23,8 +23,12 @@ prometheus:
 	  sudo=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
 	  $$sudo apt-get update && $$sudo apt-get install -y --no-install-recommends prometheus; }
 
+# ruff, configured in pyproject.toml; `make test` runs it first.
+lint: install
+	$(PYTHON) -m ruff check .
+
 # pytest exits 5 when it collected no test: that is a failure, not a pass.
-test: install prometheus
+test: install prometheus lint
 	@$(PYTHON) -m pytest -ra; rc=$$?; if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 test-fast: install
@@ -34,19 +38,19 @@ maze: install
 	$(PYTHON) -m examples.maze.run
 
 doctor: install
-	$(PYTHON) -m grpo.tools.doctor
+	$(VENV)/bin/grpo doctor
 
-# Every benchmark in full mode, each writing benchmarks/results/NAME.json with the machine; then the README's
-# table is regenerated from those files (a failed benchmark keeps its previous file, and make fails at the end).
-BENCHMARKS := rollout update sync scaling step env_latency dtype
+# Every benchmark in full mode, each writing its result (benchmarks/results/*.json) with the machine; then the
+# generated tables in the docs are rewritten from those files (a failed benchmark keeps its previous file, and make
+# fails at the end).
+BENCHMARKS := rollout_speed update adapter_sync scaling step env_latency dtype
 bench: install
 	@failed=""; for b in $(BENCHMARKS); do \
-	  [ -f benchmarks/$$b.py ] || continue; \
-	  start=$$(date +%s); echo "== benchmarks/$$b.py (load $$(cut -d' ' -f1 /proc/loadavg))"; \
-	  $(PYTHON) benchmarks/$$b.py || failed="$$failed $$b"; \
-	  echo "== benchmarks/$$b.py: $$(( $$(date +%s) - start )) s (load $$(cut -d' ' -f1 /proc/loadavg))"; \
+	  start=$$(date +%s); echo "== benchmarks.$$b (load $$(cut -d' ' -f1 /proc/loadavg))"; \
+	  $(PYTHON) -m benchmarks.$$b || failed="$$failed $$b"; \
+	  echo "== benchmarks.$$b: $$(( $$(date +%s) - start )) s (load $$(cut -d' ' -f1 /proc/loadavg))"; \
 	done; \
-	$(PYTHON) benchmarks/table.py --write-readme; \
+	$(PYTHON) -m benchmarks.table --write; \
 	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
 
 clean:

@@ -1,21 +1,16 @@
 """This engine's side of a turn-taking benchmark: grpo.Trainer.fit() on the single-turn digits task, the path a
 user runs, paused after every step until the parent says go (benchmarks/_turns.py).
 
-    python benchmarks/_engine_side.py --model M --run-dir D --steps N [--lora-rank 16 ...]
+    python -m benchmarks._engine_side --model M --run-dir D --steps N [--lora-rank 16 ...]
 """
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 T0 = time.perf_counter()
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/rollout.py is not the rollout package
 
-from _turns import add_workload_args, report, wait_go  # noqa: E402
+from benchmarks._turns import add_workload_args, report, wait_go  # noqa: E402
 
 
 def run_config(a, checkpoint_every: int = 10 ** 6):
@@ -27,7 +22,7 @@ def run_config(a, checkpoint_every: int = 10 ** 6):
         env={"name": "digits"}, lora={"rank": a.lora_rank, "alpha": a.lora_alpha},
         algorithm={"group_size": a.group_size},
         train={"lr": a.lr, "micro_batch_size": a.micro_batch_size},
-        rollout={"temperature": 1.0, "max_tokens_per_turn": a.max_tokens, "max_model_len": 512},
+        rollout={"temperature": 1.0, "max_tokens_per_turn": a.max_tokens}, engine={"max_model_len": 512},
         eval={"seeds": f"0-{a.prompts - 1}"}, checkpoint={"every": checkpoint_every},
         cluster={"train_ranks": a.train_ranks}, metrics={"tensorboard": False, "plots": False})
 
@@ -46,8 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
 
     import envs
-    from _single_turn import DigitsEnv
-    from _timed_trainer import TimedTrainer
+    from benchmarks._single_turn import DigitsEnv
+    from benchmarks._timed_trainer import TimedTrainer
 
     envs.register("digits", DigitsEnv, overwrite=True)
 

@@ -19,7 +19,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]  # the repository: default run folders and inputs hang from it
+RESULTS = ROOT / "benchmarks" / "results"
 
 # The instruction sets that decide which kernels torch and vLLM take (fp32 SIMD width, bf16 hardware).
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",

@@ -1,7 +1,7 @@
 """grpo.Trainer as users run it, with clocks around its parts: start-up marks and each step's breakdown.
 
-Nothing in the loop changes: the driver-side handles (rollout pool, train group) and the trainer's own
-pieces are wrapped with timers, and each step's record gains a "parts" entry before it is logged.
+Nothing in the loop changes: a grpo.Callback collects the trainer's phase timings (on_phase_end), and each
+step's record gains a "parts" entry before it is logged.
 """
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import time
 
 import grpo
 
-# What a step's seconds are split into (driver clock, except engine/worker which the rollout worker reports).
-PARTS = ("rollout_s", "worker_s", "engine_s", "advantages_s", "sleep_s", "train_s", "publish_s", "wake_s",
-         "hotload_s", "checkpoint_s")
+# The trainer's phases (grpo.Callback.on_phase_end) -> the clock keys breakdown() reads.
+_CLOCK_KEYS = {"rollout": "rollout_call_s", "advantages": "advantages_s", "sleep": "sleep_s", "train": "train_s",
+               "publish": "publish_s", "wake_up": "wake_s", "hotload": "hotload_s", "checkpoint": "checkpoint_s"}
 
 
 def breakdown(t: dict, rollout: dict) -> dict:
@@ -33,79 +33,55 @@ def breakdown(t: dict, rollout: dict) -> dict:
     return out
 
 
-class TimedTrainer(grpo.Trainer):
-    """`on_ready(marks)` runs once the eval before training is done, `on_step(record)` after each step's
-    record is logged (record["parts"]: breakdown(); record["time"]: the trainer's own timing)."""
+class StepClock(grpo.Callback):
+    """Start-up marks (seconds since `t0`) and each step's parts. `on_ready(marks)` runs once the eval before
+    training is done, `on_step(record)` once each step's record holds its parts."""
 
-    def __init__(self, config, on_ready=None, on_step=None, t0: float | None = None):
-        super().__init__(config)
+    def __init__(self, on_ready=None, on_step=None, t0: float | None = None):
         self.t0 = time.perf_counter() if t0 is None else t0
         self.marks: dict = {}
         self._on_ready, self._on_step = on_ready, on_step
         self._clock: dict = {}
+        self._eval_s = 0.0
 
     def _mark(self, name: str) -> None:
         self.marks[name] = time.perf_counter() - self.t0
 
-    def _timed(self, fn, key: str):
-        def wrapper(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._clock[key] = self._clock.get(key, 0.0) + time.perf_counter() - t
-        return wrapper
-
-    def _start(self, *args, **kwargs):
+    def on_train_begin(self, trainer) -> None:
         self._mark("start_called_s")
-        out = super()._start(*args, **kwargs)
-        self._mark("ray_ready_s")
-        log = self.sink.log
 
-        def logged(record):
-            if "rollout" in record and "time" in record:
-                clock, self._clock = self._clock, {}
-                clock["step_s"] = record["time"]["step_s"]
-                record["parts"] = breakdown(clock, record["rollout"])
-            log(record)
-            if self._on_step is not None and "parts" in record:
-                self._on_step(record)
+    def on_phase_end(self, trainer, phase: str, seconds: float) -> None:
+        if phase == "start":
+            self._mark("ray_ready_s")
+        elif phase == "actors_start":
+            self._mark("actors_ready_s")
+        elif phase == "eval":
+            self._eval_s = seconds
+        elif phase in _CLOCK_KEYS:
+            # A checkpoint is saved after its step's record: it lands in the next step's clock, as its own part.
+            key = _CLOCK_KEYS[phase]
+            self._clock[key] = self._clock.get(key, 0.0) + seconds
 
-        self.sink.log = logged
-        return out
-
-    def _start_actors(self, *args, **kwargs):
-        out = super()._start_actors(*args, **kwargs)
-        self._mark("actors_ready_s")
-        pool, group = self.pool, self.group
-        pool.rollout = self._timed(pool.rollout, "rollout_call_s")
-        pool.sleep = self._timed(pool.sleep, "sleep_s")
-        pool.wake_up = self._timed(pool.wake_up, "wake_s")
-        pool.sync_adapter = self._timed(pool.sync_adapter, "hotload_s")
-        group.train_step = self._timed(group.train_step, "train_s")
-        group.publish = self._timed(group.publish, "publish_s")
-        return out
-
-    def _advantages(self, *args, **kwargs):
-        return self._timed(super()._advantages, "advantages_s")(*args, **kwargs)
-
-    def _save(self, *args, **kwargs):
-        t = time.perf_counter()
-        out = super()._save(*args, **kwargs)
-        # The save follows the step's log: it lands in the next step's clock, as its own part.
-        self._clock["checkpoint_s"] = time.perf_counter() - t
-        return out
-
-    def evaluate(self, *args, **kwargs):
-        first = "eval_before_start_s" not in self.marks
-        if first:
-            self._mark("eval_before_start_s")
-            # The start-up's publish and hot-load of the first version ran just before: not a step's.
-            self._clock = {}
-        out = super().evaluate(*args, **kwargs)
-        if first:
-            self._mark("eval_before_end_s")
-            self._clock = {}
+    def on_eval(self, trainer, label: str, result: dict) -> None:
+        if label == "before":
+            end = time.perf_counter() - self.t0
+            self.marks["eval_before_start_s"] = end - self._eval_s
+            self.marks["eval_before_end_s"] = end
             if self._on_ready is not None:
                 self._on_ready(dict(self.marks))
-        return out
+
+    def on_step_end(self, trainer, record: dict) -> None:
+        clock, self._clock = self._clock, {}
+        clock["step_s"] = record["time"]["step_s"]
+        record["parts"] = breakdown(clock, record["rollout"])
+        if self._on_step is not None:
+            self._on_step(record)
+
+
+class TimedTrainer(grpo.Trainer):
+    """grpo.Trainer with a StepClock; `marks` are its start-up marks."""
+
+    def __init__(self, config, on_ready=None, on_step=None, t0: float | None = None):
+        clock = StepClock(on_ready, on_step, t0)
+        super().__init__(config, callbacks=[clock])
+        self.marks = clock.marks

@@ -1,31 +1,25 @@
 """TRL's side of benchmarks/vs_trl.py: `GRPOTrainer` on the same digits task, model, LoRA and batch as the
 engine, paused before every step until the parent says go (benchmarks/_turns.py). Runs in TRL's own venv.
 
-    runs/trl-venv/bin/python benchmarks/_trl_side.py --model M --out D --steps N --generate hf|vllm
+    runs/trl-venv/bin/python -m benchmarks._trl_side --model M --out D --steps N --generate hf|vllm
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 T0 = time.perf_counter()
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/rollout.py is not the rollout package
 
-from _turns import add_workload_args, report, wait_go  # noqa: E402
+from benchmarks._turns import add_workload_args, report, wait_go  # noqa: E402
 
 
 def cpu_vllm_settings() -> None:
     """TRL's colocated mode builds `vllm.LLM` for a GPU (a memory fraction, compiled graphs). On the CPU vLLM
-    needs a fixed KV cache size and eager mode (DESIGN.md): the same settings the engine runs with, added
-    to TRL's call and nothing else changed."""
-    import vllm
-
+    needs a fixed KV cache size and eager mode (docs/design.md, "vLLM on the CPU"): the same settings the
+    engine runs with, added to TRL's call and nothing else changed."""
     import trl.generation.vllm_generation as gen
+    import vllm
 
     class CpuLLM(vllm.LLM):
         def __init__(self, *args, **kwargs):
@@ -64,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from _single_turn import PROMPTS, digit_reward
+    from benchmarks._single_turn import PROMPTS, digit_reward
     from grpo.learner.lora import DEFAULT_TARGETS
 
     if a.generate == "vllm":

@@ -5,7 +5,7 @@ vLLM are shared, so the comparison runs the very same builds and no second torch
 adds TRL and the few packages it needs that the project lacks. A constraints file made from the project's
 own `pip freeze` keeps pip from replacing any shared package with another version.
 
-    python benchmarks/_trl_venv.py [--venv runs/trl-venv]     # prints the venv's python
+    python -m benchmarks._trl_venv [--venv runs/trl-venv]     # prints the venv's python
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks._machine import ROOT
+
 DEFAULT_VENV = ROOT / "runs" / "trl-venv"
 # TRL 1.16.0 supports transformers 5.x (it asks for >= 4.56.2); its other requirements that the project
 # does not install are pinned here so that every run builds the same baseline.

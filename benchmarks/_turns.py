@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks._machine import ROOT
+
 MARK = "@@turns "
 
 
@@ -26,14 +28,15 @@ def wait_go() -> None:
 
 
 class Contender:
-    """One child process; its stderr (and unmarked stdout) goes to `log`."""
+    """One child process, started in the repository (`argv` runs a `python -m benchmarks.X`); its stderr (and
+    unmarked stdout) goes to `log`."""
 
     def __init__(self, name: str, argv: list[str], log: Path, env: dict | None = None):
         self.name, self.log = name, Path(log)
         self.launched = time.perf_counter()
         self._log = open(self.log, "w")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                     text=True, env=env, bufsize=1)
+                                     text=True, env=env, bufsize=1, cwd=ROOT)
 
     def event(self, kind: str, timeout_s: float = 1800) -> dict:
         """The next event of `kind`; everything else the child prints goes to its log."""

@@ -1,6 +1,6 @@
 """bfloat16 against float32 on this CPU: does bf16 pay, and what does it cost in logprob parity?
 
-    python benchmarks/dtype.py [--quick]
+    python -m benchmarks.dtype [--quick]
 
 On the bench Qwen3-VL (16M params), in one run:
 - matmul peaks, fp32 and bf16 (benchmarks/_machine.py): whether the CPU has a bf16 path (AMX-BF16) at all;
@@ -19,12 +19,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks._machine import ROOT, machine_info, write_result
 
 MODES = {"full": dict(requests=32, tokens=64, sequences=8, length=512, steps=3, rollout_rounds=3),
          "quick": dict(requests=8, tokens=16, sequences=4, length=128, steps=1, rollout_rounds=2)}
@@ -41,13 +39,12 @@ def main(argv=None) -> dict:
     runtime.configure(run_dir)
     import torch
 
-    from benchmarks._machine import machine_info, write_result
     from benchmarks.update import make_batch
     from envs.base import Observation
     from grpo.learner import forward, lora
-    from grpo.tools import tiny_models
     from grpo.learner.config import TrainConfig
     from grpo.learner.worker import TrainWorker
+    from grpo.tools import tiny_models
     from rollout.conversation import ChatFormat
     from rollout.engine import Engine, EngineConfig, Request, Sampling
     from sync import AdapterStore
@@ -62,7 +59,7 @@ def main(argv=None) -> dict:
                for d in ("float32", "bfloat16")}
     batch, advantages = make_batch(workers["float32"].processor, cfg["sequences"], cfg["length"])
     steps = {d: [] for d in workers}
-    for d, w in workers.items():
+    for w in workers.values():
         w.train_step(batch, advantages)  # warm-up
     for _ in range(cfg["steps"]):
         for d, w in workers.items():
@@ -82,7 +79,8 @@ def main(argv=None) -> dict:
     version = store.publish(lora.adapter_tensors(peft_model), lora.adapter_config(peft_model))
     processor = forward.load_processor(model_path)
     chat = ChatFormat(processor)
-    prompts = [chat.prompt_ids(Observation(text=f"Maze {i}: describe the walls, then move.")) for i in range(cfg["requests"])]
+    prompts = [chat.prompt_ids(Observation(text=f"Maze {i}: describe the walls, then move."))
+               for i in range(cfg["requests"])]
     sampling = Sampling(temperature=1.0, max_tokens=cfg["tokens"])
 
     # Both engines in this process, generate calls taking turns (best of the rounds each).

@@ -1,6 +1,6 @@
 """Rollout step time against environment latency: env calls on a thread pool vs one after another.
 
-    python benchmarks/env_latency.py [--latencies 0,0.1,0.5] [--model PATH]
+    python -m benchmarks.env_latency [--latencies 0,0.1,0.5] [--model PATH]
 
 A fixed small rollout (4 tasks x 4 episodes, 3 turns each, tiny text model, in-process vLLM) on an env
 whose `reset` and `step` sleep for the given latency, as a sandbox or simulator call would. Each latency
@@ -19,9 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "benchmarks" / "results"
+from benchmarks._machine import RESULTS, ROOT
 
 TASKS, GROUP, TURNS = 4, 4, 3
 

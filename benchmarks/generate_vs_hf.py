@@ -1,7 +1,7 @@
 """One generate call of the step benchmarks' batch: raw vLLM with the engine's exact sampling settings against
 Hugging Face `generate`, taking turns in one process. The floor under a step's rollout on this machine.
 
-    python benchmarks/generate_vs_hf.py [--preset tiny|bench] [--repeats 5]
+    python -m benchmarks.generate_vs_hf [--preset tiny|bench] [--repeats 5]
 
 Both sides: the 8 digits prompts x 8 samples, up to 32 new tokens, temperature 1, float32, the same model
 with the same rank-16 LoRA adapter (vLLM: merged into its weights as the engine serves it on the CPU, and as
@@ -16,15 +16,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/rollout.py is not the rollout package
-
-from rollout import runtime  # noqa: E402
+from benchmarks._machine import ROOT, write_result
+from rollout import runtime
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -40,7 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     import torch
 
-    from _single_turn import PROMPTS
+    from benchmarks._single_turn import PROMPTS
     from grpo.learner import forward, lora
     from grpo.tools import tiny_models
     from rollout.conversation import ChatFormat
@@ -114,8 +110,6 @@ def main(argv: list[str] | None = None) -> dict:
               "seconds_median": {k: round(statistics.median(v[1:]), 4) for k, v in times.items()},
               "tokens_median": {k: statistics.median(v[1:]) for k, v in tokens.items()},
               "seconds_all": {k: [round(x, 3) for x in v] for k, v in times.items()}}
-    from _machine import write_result
-
     write_result(f"generate_vs_hf-{a.preset}", result)
     print(json.dumps(result))
     return result

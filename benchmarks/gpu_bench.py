@@ -1,6 +1,6 @@
 """The GPU measurement (benchmarks/gpu.sh runs it): Qwen3-VL-8B's architecture, randomly initialised, on one GPU.
 
-    python benchmarks/gpu_bench.py [--dry-run] [--work runs/gpu-bench] [--out benchmarks/results/gpu.json]
+    python -m benchmarks.gpu_bench [--dry-run] [--work runs/gpu-bench] [--out benchmarks/results/gpu.json]
 
 No network and no weights to download: the model is built from the published architecture below, with
 random weights, saved once with save_pretrained in bfloat16 (about 17 GB), then, in one run:
@@ -27,14 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks._machine import ROOT, machine_info, matmul_peak
 
 # Qwen/Qwen3-VL-8B-Instruct config.json, "text_config" (published values).
 TEXT_CONFIG = dict(
@@ -236,7 +233,6 @@ def run(work: Path, out: Path) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
     from vllm.lora.request import LoRARequest
 
-    from benchmarks._machine import machine_info, matmul_peak
     from grpo.learner import lora
     from grpo.learner.config import TrainConfig
     from grpo.learner.worker import TrainWorker
@@ -351,7 +347,8 @@ def run(work: Path, out: Path) -> dict:
     result["sync"] = {
         "adapter_mib": round(sum(x.numel() * x.element_size() for x in tensors.values()) / 2**20, 1),
         "publish_ms": round(median(publish) * 1e3, 1),
-        "publish_and_hotload_ms": round(median(hot) * 1e3, 1), "bare_save_file_add_lora_ms": round(median(bare) * 1e3, 1),
+        "publish_and_hotload_ms": round(median(hot) * 1e3, 1),
+        "bare_save_file_add_lora_ms": round(median(bare) * 1e3, 1),
         "ratio": round(median(hot) / median(bare), 3),
     }
     result["headline"] = [
@@ -384,8 +381,8 @@ def main(argv=None) -> dict:
         tokenizer = build_tokenizer(TEXT_CONFIG["vocab_size"])
         for i, token in SPECIAL_TOKENS.items():
             if tokenizer.convert_tokens_to_ids(token) != i:
-                raise AssertionError(f"the stand-in tokenizer puts {token} at {tokenizer.convert_tokens_to_ids(token)}, "
-                                     f"the published config at {i}")
+                raise AssertionError(f"the stand-in tokenizer puts {token} at "
+                                     f"{tokenizer.convert_tokens_to_ids(token)}, the published config at {i}")
         result["tokenizer_vocab"] = len(tokenizer)
         result["first_prompt"] = check_prompt(build_processor(tokenizer))
     else:

@@ -1,7 +1,7 @@
 """Scaling curves: rollout tokens/s against episodes per engine call and turns per episode; update tokens/s
 against sequence length and LoRA rank.
 
-    python benchmarks/scaling.py [--quick] [--parts rollout,update] [--out-dir benchmarks/results]
+    python -m benchmarks.scaling [--quick] [--parts rollout,update] [--out-dir benchmarks/results]
 
 - rollout: the multi-turn RolloutWorker on maze episodes (tiny Qwen3-VL, LoRA r8, in-process vLLM), all
   live episodes in one engine call per turn; one engine serves every point, best of `repeats` each;
@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks._machine import RESULTS, ROOT, machine_info, write_result
 
 MODES = {
     "full": dict(
@@ -80,10 +78,10 @@ def update_curves(run_dir: Path, cfg: dict) -> dict:
     import torch
 
     from benchmarks.update import make_batch
-    from grpo.tools import tiny_models
-    from grpo.learner.lora import LoraConfig
     from grpo.learner.config import TrainConfig
+    from grpo.learner.lora import LoraConfig
     from grpo.learner.worker import TrainWorker
+    from grpo.tools import tiny_models
 
     model_path = str(tiny_models.build("vl", run_dir / "models" / f"vl-{cfg['preset']}", preset=cfg["preset"]))
 
@@ -164,7 +162,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="the tiny model, two points a curve (a smoke test)")
     ap.add_argument("--parts", default="rollout,update", help="comma-separated: rollout, update")
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench-scaling"))
-    ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out-dir", default=str(RESULTS))
     a = ap.parse_args(argv)
     parts = [p for p in a.parts.split(",") if p]
     unknown = set(parts) - {"rollout", "update"}
@@ -175,8 +173,6 @@ def main(argv=None) -> dict:
 
     run_dir = Path(a.run_dir).resolve()
     runtime.configure(run_dir)
-    from benchmarks._machine import machine_info, write_result
-
     mode = "quick" if a.quick else "full"
     cfg = MODES[mode]
     # Before vLLM starts: in-process, it binds this process's OpenMP threads for itself.

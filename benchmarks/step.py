@@ -1,6 +1,6 @@
 """One whole GRPO step through grpo.Trainer.fit(), broken down, for two workloads; and the start-up's parts.
 
-    python benchmarks/step.py [--quick] [--workloads single_turn,maze] [--steps N]
+    python -m benchmarks.step [--quick] [--workloads single_turn,maze] [--steps N]
 
 Workloads:
 - single_turn: 8 prompts x G=8 of the digits task (benchmarks/_single_turn.py), one reply of up to 32 tokens,
@@ -20,25 +20,20 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 T0 = time.perf_counter()
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/rollout.py is not the rollout package
 
-from _machine import fresh_run_dir  # noqa: E402
+from benchmarks._machine import ROOT, fresh_run_dir, write_result  # noqa: E402
 from rollout import runtime  # noqa: E402
 
 MODES = {"quick": {"single_turn": 4, "maze": 2}, "full": {"single_turn": 8, "maze": 4}}
 
 
 def single_turn_config(work: Path, steps: int):
+    from benchmarks._engine_side import parser, run_config
     from grpo.tools import tiny_models
-
-    from _engine_side import parser, run_config
 
     model = tiny_models.build("text", work / "models" / "text-tiny", seed=0, preset="tiny")
     a = parser().parse_args([f"--model={model}", f"--run-dir={work / 'single_turn'}", f"--steps={steps}"])
@@ -73,9 +68,8 @@ def summarize(records: list[dict], first: int = 2) -> dict:
 
 def run_workload(name: str, work: Path, steps: int) -> dict:
     import envs
-
-    from _single_turn import DigitsEnv
-    from _timed_trainer import TimedTrainer
+    from benchmarks._single_turn import DigitsEnv
+    from benchmarks._timed_trainer import TimedTrainer
 
     envs.register("digits", DigitsEnv, overwrite=True)
     t0 = time.perf_counter()
@@ -121,8 +115,6 @@ def main(argv: list[str] | None = None) -> dict:
     result["load_average_during"] = [round(x, 2) for x in loads]
     result["wall_s"] = round(time.perf_counter() - T0, 1)
     if not a.no_write:
-        from _machine import write_result
-
         write_result("step", result)
     print(json.dumps(result))
     return result

@@ -1,13 +1,14 @@
-"""The README's results table, generated from benchmarks/results/*.json (never typed by hand; *-quick.json skipped).
+"""The docs' benchmark figures, generated from benchmarks/results/*.json (never typed by hand; *-quick.json skipped).
 
-    python benchmarks/table.py                   # print the table (Markdown)
-    python benchmarks/table.py --write-readme    # replace the table between the markers in README.md
-    python benchmarks/table.py --check           # exit 1 if README.md's table is not the generated one
+    python -m benchmarks.table            # print the full table (Markdown)
+    python -m benchmarks.table --write    # rewrite every generated block in README.md and docs/benchmarks.md
+    python -m benchmarks.table --check    # exit 1 if a generated block is not what the result files give
 
-A result names its figures in "headline": a list of rows {"figure", "value", "unit", "baseline",
-"baseline_name", "ratio"} (baseline, baseline_name and ratio optional). A result without a headline
-contributes one row per top-level number whose key starts with "ratio". The machine and date columns come
-from the "machine" block benchmarks/_machine.py writes.
+A generated block sits between `<!-- NAME -->` and `<!-- /NAME -->` in a doc; BLOCKS names each block and the
+function that writes it. A result names its figures in "headline": a list of rows {"figure", "value", "unit",
+"baseline", "baseline_name", "ratio"} (baseline, baseline_name and ratio optional). A result without a
+headline contributes one row per top-level number whose key starts with "ratio". The machine and date
+columns come from the "machine" block benchmarks/_machine.py writes.
 """
 from __future__ import annotations
 
@@ -20,15 +21,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
+DOCS = (README, ROOT / "docs" / "benchmarks.md")
+FIX = "python -m benchmarks.table --write"
 BEGIN, END = "<!-- bench-table -->", "<!-- /bench-table -->"
 HEADER = ("| benchmark | figure | value | baseline | ratio | machine | date |\n"
           "|---|---|---|---|---|---|---|")
 # Short names of the ISA flags that decide the kernels (the rest of the list is in the JSON).
 ISA_SHORT = {"amx_bf16": "AMX-BF16", "avx512f": "AVX-512", "avx2": "AVX2"}
+# The README's short table: the first headline row of each of these results, then the comparison with TRL.
+HEADLINE = ("rollout", "update", "sync", "env_latency")
+# benchmarks/step.py's parts of a step, in the order a step runs them.
+STEP_PARTS = {"rollout_engine_s": "rollout: vLLM generate", "rollout_env_and_bookkeeping_s": "rollout: env and worker",
+              "rollout_ray_s": "rollout: Ray", "advantages_s": "advantages",
+              "train_s": "update (logprobs, loss, AdamW)", "publish_s": "publish adapter",
+              "hotload_s": "hot-load adapter", "sleep_wake_s": "vLLM sleep and wake", "checkpoint_s": "checkpoint",
+              "rest_s": "rest"}
+STARTUP_PARTS = {"ray_s": "start-up: Ray", "actors_s": "start-up: actors", "publish_and_hotload_first_s":
+                 "start-up: first publish + hot-load", "eval_before_s": "start-up: eval before training",
+                 "to_first_step_done_s": "first step done, after launch"}
 
 
 def number(x) -> str:
-    """Three significant digits, no exponent for everyday magnitudes: 1234.6 -> 1235, 0.012345 -> 0.0123, 2.4e-06 -> 2.4e-06."""
+    """Three significant digits, no exponent for everyday magnitudes: 1234.6 -> 1235, 0.012345 -> 0.0123,
+    2.4e-06 -> 2.4e-06."""
     if isinstance(x, (bool, int)) or not isinstance(x, float):
         return str(x)
     if x == 0 or not math.isfinite(x):
@@ -64,9 +79,9 @@ def rows(name: str, result: dict) -> list[dict]:
             if key.startswith("ratio") and isinstance(value, (int, float)) and not isinstance(value, bool)]
 
 
-def render_row(name: str, row: dict, machine: dict | None) -> str:
+def _cells(row: dict) -> tuple[str, str, str]:
+    """A row's value, baseline and ratio cells."""
     unit = f" {row['unit']}" if row.get("unit") else ""
-    value = f"{number(row['value'])}{unit}"
     baseline = ""
     if row.get("baseline") is not None:
         baseline = f"{number(row['baseline'])}{unit}"
@@ -75,51 +90,142 @@ def render_row(name: str, row: dict, machine: dict | None) -> str:
     elif row.get("baseline_name"):
         baseline = row["baseline_name"]
     ratio = number(row["ratio"]) if row.get("ratio") is not None else ""
-    date = (machine or {}).get("date", "?")[:10]
-    cells = [name, row["figure"], value, baseline, ratio, machine_cell(machine), date]
+    return f"{number(row['value'])}{unit}", baseline, ratio
+
+
+def _line(cells) -> str:
     return "| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |"
+
+
+def render_row(name: str, row: dict, machine: dict | None) -> str:
+    date = (machine or {}).get("date", "?")[:10]
+    return _line([name, row["figure"], *_cells(row), machine_cell(machine), date])
+
+
+def load(results_dir: str | Path = RESULTS) -> dict[str, dict]:
+    """Every full-mode result by its file's stem, in name order (a quick mode's smoke figures are left out)."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted(Path(results_dir).glob("*.json"))
+            if not path.stem.endswith("-quick")}
 
 
 def table(results_dir: str | Path = RESULTS) -> str:
     lines = [HEADER]
-    for path in sorted(Path(results_dir).glob("*.json")):
-        if path.stem.endswith("-quick"):
-            continue  # a quick mode's smoke figures; the table shows the full runs
-        result = json.loads(path.read_text())
-        for row in rows(path.stem, result):
-            lines.append(render_row(path.stem, row, result.get("machine")))
+    for name, result in load(results_dir).items():
+        lines += [render_row(name, row, result.get("machine")) for row in rows(name, result)]
     return "\n".join(lines)
 
 
-def replace_between_markers(text: str, body: str) -> str:
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise SystemExit(f"README has no {BEGIN} ... {END} markers: add them where the table goes")
-    return text[:start + len(BEGIN)] + "\n" + body + "\n" + text[end:]
+def vs_trl_rows(result: dict) -> list[dict]:
+    """One row per model size of benchmarks/vs_trl.py: our median step time against TRL's faster side."""
+    out = []
+    for size in result.get("sizes", {}).values():
+        sides, trl = size["sides"], size.get("trl_faster_side")
+        if "engine" not in sides or trl not in sides:
+            continue
+        out.append({"figure": f"single-turn GRPO step time, {size['model_preset']} model, against TRL GRPOTrainer",
+                    "value": sides["engine"]["step_s_median"], "unit": "s",
+                    "baseline": sides[trl]["step_s_median"], "baseline_name": trl, "ratio": size["ratio_vs_trl"]})
+    return out
+
+
+def headline(results_dir: str | Path = RESULTS) -> str:
+    results = load(results_dir)
+    lines = ["| benchmark | figure | grpo | baseline | ratio |", "|---|---|---|---|---|"]
+    for name in HEADLINE:
+        first = rows(name, results.get(name, {}))[:1]
+        lines += [_line([name, row["figure"], *_cells(row)]) for row in first]
+    lines += [_line(["vs_trl", row["figure"], *_cells(row)]) for row in vs_trl_rows(results.get("vs_trl", {}))]
+    return "\n".join(lines)
+
+
+def vs_trl(results_dir: str | Path = RESULTS) -> str:
+    result = load(results_dir).get("vs_trl", {})
+    lines = ["| model | side | ready after launch | median step | median generate | completion tokens/s |",
+             "|---|---|---|---|---|---|"]
+    for size in result.get("sizes", {}).values():
+        for side, s in size["sides"].items():
+            lines.append(_line([size["model_preset"], side, f"{number(s['ready_s'])} s",
+                                f"{number(s['step_s_median'])} s", f"{number(s['generate_s_median'])} s",
+                                number(s["completion_tokens_per_s"])]))
+    return "\n".join(lines)
+
+
+def step(results_dir: str | Path = RESULTS) -> str:
+    """benchmarks/step.py's breakdown: each part's median seconds (and share of the step) per workload."""
+    workloads = load(results_dir).get("step", {}).get("workloads", {})
+    names = list(workloads)
+    lines = ["| part | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    over = ", ".join(w["median_over_steps"] for w in workloads.values())
+    lines.append(_line([f"step (median over steps {over})", *(f"{number(w['step_s'])} s" for w in workloads.values())]))
+    for key, label in STEP_PARTS.items():
+        lines.append(_line([label, *(f"{number(w['parts_s'][key])} s ({w['parts_share'][key]:.0%})"
+                                     for w in workloads.values())]))
+    lines.append(_line(["generated tokens/s", *(number(w["generated_tokens_per_s"]) for w in workloads.values())]))
+    for key, label in STARTUP_PARTS.items():
+        lines.append(_line([label, *(f"{number(w['startup_s'][key])} s" for w in workloads.values())]))
+    return "\n".join(lines)
+
+
+def generate_vs_hf(results_dir: str | Path = RESULTS) -> str:
+    """benchmarks/generate_vs_hf.py: median seconds of one batched generate per model size and path."""
+    results = [r for name, r in load(results_dir).items() if name.startswith("generate_vs_hf")]
+    paths = list(dict.fromkeys(p for r in results for p in r["seconds_median"]))
+    lines = ["| model | requests x new tokens | " + " | ".join(paths) + " |", "|---|---|" + "---|" * len(paths)]
+    for r in results:
+        seconds = r["seconds_median"]
+        lines.append(_line([r["preset"], f"{r['requests']} x {r['max_tokens']}",
+                            *(f"{number(seconds[p])} s" if p in seconds else "" for p in paths)]))
+    return "\n".join(lines)
+
+
+# Each generated block: its marker name and what writes it.
+BLOCKS = {"bench-table": table, "bench-headline": headline, "bench-step": step, "bench-vs-trl": vs_trl,
+          "bench-generate": generate_vs_hf}
+
+
+def regenerate(text: str, results_dir: str | Path = RESULTS, doc: str = "the doc") -> str:
+    """The text with every generated block in it rewritten from the result files."""
+    found = False
+    for name, write in BLOCKS.items():
+        begin, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+        start, stop = text.find(begin), text.find(end)
+        if start < 0:
+            continue
+        if stop < start:
+            raise SystemExit(f"{doc} has {begin} without {end} after it: add the closing marker")
+        found = True
+        text = text[:start + len(begin)] + "\n" + write(results_dir) + "\n" + text[stop:]
+    if not found:
+        raise SystemExit(f"{doc} has no generated-block markers ({', '.join(f'<!-- {n} -->' for n in BLOCKS)}): "
+                         "add them where the table goes")
+    return text
+
+
+def stale(docs=DOCS, results_dir: str | Path = RESULTS) -> list[Path]:
+    """The docs whose generated blocks differ from what the result files give."""
+    return [Path(d) for d in docs if regenerate(Path(d).read_text(), results_dir, str(d)) != Path(d).read_text()]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(RESULTS))
-    ap.add_argument("--readme", default=str(README))
+    ap.add_argument("--doc", "--readme", dest="docs", action="append",
+                    help="a doc to write or check (repeatable; default: README.md and docs/benchmarks.md)")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--write-readme", action="store_true")
+    mode.add_argument("--write", "--write-readme", dest="write", action="store_true")
     mode.add_argument("--check", action="store_true")
     a = ap.parse_args(argv)
-    body = table(a.results)
-    if not (a.write_readme or a.check):
-        print(body)
-        return 0
-    readme = Path(a.readme)
-    old = readme.read_text()
-    new = replace_between_markers(old, body)
+    docs = [Path(d) for d in (a.docs or DOCS)]
     if a.check:
-        if new != old:
-            print(f"{readme}'s benchmark table is not the one {a.results} gives: run "
-                  f"python benchmarks/table.py --write-readme", file=sys.stderr)
-            return 1
+        old = stale(docs, a.results)
+        for doc in old:
+            print(f"{doc}'s generated benchmark blocks are not what {a.results} gives: run {FIX}", file=sys.stderr)
+        return 1 if old else 0
+    if a.write:
+        for doc in docs:
+            doc.write_text(regenerate(doc.read_text(), a.results, str(doc)))
         return 0
-    readme.write_text(new)
+    print(table(a.results))
     return 0
 
 

@@ -1,6 +1,6 @@
 """Trainer update throughput: 2 FSDP ranks against one plain torch + peft process, on the same cores.
 
-    python benchmarks/update.py [--quick] [--kind vl|text] [--preset bench] [--work runs/bench]
+    python -m benchmarks.update [--quick] [--kind vl|text] [--preset bench] [--work runs/bench]
 
 Measured in one run, on the same batch:
 - single: a plain loop (forward.expand/collate/token_logprobs, grpo.algo.loss, AdamW on the LoRA weights) in
@@ -19,14 +19,11 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from rollout import runtime  # noqa: E402
+from benchmarks._machine import RESULTS, ROOT, machine_info, matmul_peak, peaks, write_result
+from rollout import runtime
 
 runtime.configure(ROOT / "runs" / "bench")  # before torch: OMP_WAIT_POLICY is read when OpenMP starts
 
@@ -43,8 +40,9 @@ LORA_RANK = 32
 def make_batch(processor, sequences: int, length: int, seed: int = 0):
     """Multi-turn episodes of about `length` tokens: an image prompt, then 24 sampled tokens and a short
     text observation per turn (about half the tokens are generated)."""
-    from envs.base import Observation
     from PIL import Image
+
+    from envs.base import Observation
     from rollout.conversation import ChatFormat
     from rollout.trajectory import Segment, Trajectory
 
@@ -74,8 +72,8 @@ class PlainLoop:
     """The single process: a plain torch + peft loop, without any of the trainer's machinery."""
 
     def __init__(self, model_path: str, batch, advantages, micro_batch_size: int):
-        from grpo.learner import forward
         from grpo.algo.config import AlgorithmConfig
+        from grpo.learner import forward
         from grpo.learner.lora import LoraConfig, apply_lora
 
         torch.manual_seed(0)
@@ -90,8 +88,8 @@ class PlainLoop:
         self.micro_batch_size = micro_batch_size
 
     def step(self) -> int:
-        from grpo.learner import forward
         from grpo.algo.loss import loss_normalizer, policy_loss
+        from grpo.learner import forward
 
         seqs = [forward.expand(self.processor, s.token_ids, s.images,
                                [torch.tensor(s.loss_mask), torch.tensor(s.sampler_logprobs)]) for s, _ in self.segs]
@@ -119,8 +117,8 @@ class PlainLoop:
 
 def _rank(rank: int, world_size: int, port: int, model_path: str, cfg: dict, commands, results) -> None:
     from grpo.learner import dist
-    from grpo.learner.lora import LoraConfig
     from grpo.learner.config import TrainConfig
+    from grpo.learner.lora import LoraConfig
     from grpo.learner.worker import TrainWorker
 
     worker = TrainWorker(model_path, lora=LoraConfig(rank=LORA_RANK, alpha=2 * LORA_RANK),
@@ -189,7 +187,6 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", help="the result file (default: benchmarks/results/update.json, update-quick.json "
                                   "with --quick)")
     a = ap.parse_args(argv)
-    from benchmarks._machine import machine_info, matmul_peak, peaks, write_result
     from grpo.learner import forward
     from grpo.tools import tiny_models
 
@@ -261,7 +258,7 @@ def main(argv=None) -> dict:
         {"figure": "update MFU (FSDP2 step vs fp32 matmul peak)", "value": result["mfu_vs_matmul_peak"],
          "baseline_name": f"peak {peak / 1e9:.0f} GFLOP/s"},
     ]
-    out = Path(a.out or ROOT / "benchmarks" / "results" / ("update-quick.json" if a.quick else "update.json"))
+    out = Path(a.out or RESULTS / ("update-quick.json" if a.quick else "update.json"))
     write_result(out.stem, result, machine, out.parent)
     print(json.dumps(result))
     return result

@@ -1,6 +1,6 @@
 """The whole GRPO step against TRL's `GRPOTrainer`, on the same work, taking turns in one run.
 
-    python benchmarks/vs_trl.py [--quick] [--steps N] [--sizes tiny,bench] [--sides engine,trl-hf,trl-vllm]
+    python -m benchmarks.vs_trl [--quick] [--steps N] [--sizes tiny,bench] [--sides engine,trl-hf,trl-vllm]
 
 Both sides: the same tiny Qwen3 text model folder (grpo.tools.tiny_models), the same 8 prompts x G=8 of the
 single-turn digits task (benchmarks/_single_turn.py: one reply of up to 32 tokens, reward = share of
@@ -24,12 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "benchmarks"))  # after the project: benchmarks/rollout.py is not the rollout package
-
-from _machine import fresh_run_dir  # noqa: E402
-from _turns import Contender  # noqa: E402
+from benchmarks._machine import ROOT, fresh_run_dir, write_result
+from benchmarks._turns import Contender
 
 SIDES = ("engine", "trl-hf", "trl-vllm")
 WORK = dict(prompts=8, group_size=8, max_tokens=32, lora_rank=16, lora_alpha=32.0, lr=1e-4)
@@ -38,10 +34,9 @@ WORK = dict(prompts=8, group_size=8, max_tokens=32, lora_rank=16, lora_alpha=32.
 def side_argv(side: str, model: Path, work: Path, steps: int, trl_python: Path | None) -> list[str]:
     common = [f"--{k.replace('_', '-')}={v}" for k, v in WORK.items()] + [f"--model={model}", f"--steps={steps}"]
     if side == "engine":
-        return [sys.executable, str(ROOT / "benchmarks" / "_engine_side.py"), f"--run-dir={work / 'engine'}", *common]
+        return [sys.executable, "-m", "benchmarks._engine_side", f"--run-dir={work / 'engine'}", *common]
     mode = side.split("-", 1)[1]
-    return [str(trl_python), str(ROOT / "benchmarks" / "_trl_side.py"), f"--out={work / side}",
-            f"--generate={mode}", *common]
+    return [str(trl_python), "-m", "benchmarks._trl_side", f"--out={work / side}", f"--generate={mode}", *common]
 
 
 def child_env(work: Path) -> dict:
@@ -106,7 +101,7 @@ def run_size(size: str, sides: list[str], steps: int, work: Path, trl_python: Pa
     finally:
         for side, c in started.items():
             result["sides"][side]["exit_code"] = c.close()
-    for side, r in result["sides"].items():
+    for r in result["sides"].values():
         secs = [s["step_s"] for s in r["steps"]]
         gen = [s.get("engine_s") for s in r["steps"]]
         toks = [s.get("generated_tokens", 0) for s in r["steps"]]
@@ -151,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(a.work).resolve()
     trl_python = None
     if any(s.startswith("trl") for s in sides):
-        from _trl_venv import PACKAGES, ensure
+        from benchmarks._trl_venv import PACKAGES, ensure
 
         trl_python = ensure()
     t0 = time.perf_counter()
@@ -165,13 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
               "ratio_vs_trl_large": sizes.get("bench", {}).get("ratio_vs_trl"),
               "trl_packages": list(PACKAGES) if trl_python else None,
               "load_average_during": [round(x, 2) for x in loads], "wall_s": round(time.perf_counter() - t0, 1)}
-    try:
-        from _machine import write_result
-
-        write_result("vs_trl", result)
-    except ImportError:
-        out = ROOT / "benchmarks" / "results" / "vs_trl.json"
-        out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result("vs_trl", result)
     print(json.dumps(result))
     return result
 

@@ -1,15 +1,13 @@
 """Benchmark infrastructure: the GPU script's dry run, the README table generator, the machine record."""
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks import _machine, table
 
-from benchmarks import _machine, table  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # Qwen3-VL-8B's language model, by hand from the published config: per decoder layer q and o 4096 x 4096,
 # k and v 4096 x 1024, gate/up/down 4096 x 12288, norms 2 x 4096 + 2 x 128; 36 layers; untied embedding
@@ -93,7 +91,8 @@ def test_write_readme_replaces_only_between_markers(tmp_path):
 
 
 def test_machine_record(tmp_path):
-    cpuinfo = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Test\nflags\t\t: fpu sse avx2 fma avx512f amx_bf16 amx_tile\n"
+    cpuinfo = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Test\n"
+               "flags\t\t: fpu sse avx2 fma avx512f amx_bf16 amx_tile\n")
     cpu = _machine.cpu_info(cpuinfo)
     assert cpu["model"] == "Intel(R) Xeon(R) Test"
     assert cpu["isa"] == ["avx2", "fma", "avx512f", "amx_tile", "amx_bf16"]

@@ -1,6 +1,6 @@
 """Adapter sync cost: publish to the store and hot-load into vLLM, against the bare minimum, and stale reads.
 
-    python benchmarks/sync.py [--quick] [--model PATH] [--run-dir runs/bench-sync]
+    python -m benchmarks.adapter_sync [--quick] [--model PATH] [--run-dir runs/bench-sync]
 
 Per version, in one process with one in-process vLLM engine (rank-32 LoRA on the language model):
 - publish_and_hotload: sync.AdapterStore.publish (serialise, sha256, fsync, rename, manifest, GC) plus
@@ -27,12 +27,10 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks._machine import RESULTS, ROOT, machine_info, write_result
 
 RANK = 32
 TOLERANCE = 1e-3
@@ -43,7 +41,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="8 versions (about 2 minutes)")
     ap.add_argument("--model", help="a vision-language or text model folder (default: tiny Qwen3-VL, preset bench)")
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench-sync"))
-    ap.add_argument("--out", help="the result file (default: benchmarks/results/sync.json, sync-quick.json with --quick)")
+    ap.add_argument("--out", help="the result file (default: benchmarks/results/sync.json, sync-quick.json "
+                                  "with --quick)")
     ap.add_argument("--skip-8b-shapes", action="store_true", help="only the bench model's adapter")
     a = ap.parse_args(argv)
 
@@ -51,11 +50,8 @@ def main(argv=None) -> dict:
 
     run_dir = Path(a.run_dir).resolve()
     runtime.configure(run_dir)
-    from benchmarks._machine import machine_info, write_result
-
     # Before vLLM starts: in-process, it binds this process's OpenMP threads for itself.
     machine = machine_info()
-    import shutil
     import tempfile
 
     # vLLM leaves a rendezvous file (vllm_dist_*) in the temp folder at every start: keep it in the run.
@@ -117,8 +113,8 @@ def main(argv=None) -> dict:
     try:
         for v in range(versions + 1):  # version 0 is the warm-up, untimed and unchecked
             pub_s, hot_s, raw_s = taking_turns(
-                v, lambda: publish_and_hotload(store, worker, adapters[v], config),
-                lambda: save_and_add_lora(engine, store, adapters[v], run_dir / "raw" / f"r{v}", v))
+                v, lambda v=v: publish_and_hotload(store, worker, adapters[v], config),
+                lambda v=v: save_and_add_lora(engine, store, adapters[v], run_dir / "raw" / f"r{v}", v))
             if v == 0:
                 continue
             publish_ms.append(pub_s * 1e3)
@@ -162,7 +158,7 @@ def main(argv=None) -> dict:
             {"figure": f"publish + hot-load, rank-32 adapter at Qwen3-VL-8B shapes ({seed_size['adapter_mb']} MB)",
              "value": seed_size["publish_and_hotload_ms"], "unit": "ms", "baseline": seed_size["raw_ms"],
              "baseline_name": "save_file + add_lora", "ratio": seed_size["ratio"]})
-    out = Path(a.out or ROOT / "benchmarks" / "results" / ("sync-quick.json" if a.quick else "sync.json"))
+    out = Path(a.out or RESULTS / ("sync-quick.json" if a.quick else "sync.json"))
     write_result(out.stem, result, machine, out.parent)
     print(json.dumps(result))
     return result
@@ -206,7 +202,7 @@ def seed_size_sync(run_dir: Path, versions: int) -> dict:
         for v in range(versions + 1):  # version 0 is the warm-up
             raw = run_dir / "raw-8b" / f"r{v}"
             pub_s, hot_s, raw_s = taking_turns(v, lambda: publish_and_hotload(store, worker, tensors, config),
-                                               lambda: save_and_add_lora(engine, store, tensors, raw, v))
+                                               lambda raw=raw, v=v: save_and_add_lora(engine, store, tensors, raw, v))
             shutil.rmtree(raw)  # 333 MB a version: keep the disk
             if v:
                 publish_ms.append(pub_s * 1e3)

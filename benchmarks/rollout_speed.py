@@ -1,6 +1,6 @@
 """Rollout throughput: the multi-turn worker against plain `LLM.generate` replaying its exact engine calls.
 
-    python benchmarks/rollout.py [--quick] [--model PATH]
+    python -m benchmarks.rollout_speed [--quick] [--model PATH]
 
 The worker runs maze episodes (all live episodes in one engine call per turn); every call it makes is
 recorded, then replayed through the same vLLM engine with nothing else around it: same prompt ids, same
@@ -14,12 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks._machine import ROOT, machine_info, write_result
 
 
 def main(argv=None) -> dict:
@@ -36,13 +34,10 @@ def main(argv=None) -> dict:
     runtime.configure(run_dir)
     import torch
 
-    from benchmarks._machine import machine_info, write_result
-
     # Before vLLM starts: in-process, it binds this process's OpenMP threads for itself.
     machine = machine_info()
 
     from grpo.learner import forward, lora
-
     from grpo.tools import tiny_models
     from rollout.engine import EngineConfig, vllm_prompts
     from rollout.worker import RolloutConfig, RolloutWorker, Task
