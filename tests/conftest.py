@@ -31,6 +31,15 @@ def tiny_vl(session_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vl_maze(session_dir) -> Path:
+    """The tiny Qwen3-VL at the maze example's preset (its patch size gives one token per maze block)."""
+    from examples.maze import maze_config
+    from grpo.tools import tiny_models
+
+    return tiny_models.build("vl", session_dir / "models" / "tiny-vl-maze", seed=0, preset=maze_config.PRESET)
+
+
+@pytest.fixture(scope="session")
 def tiny_text(session_dir) -> Path:
     from grpo.tools import tiny_models
 
