@@ -16,8 +16,10 @@ def __getattr__(name):
         from grpo.driver.trainer import Trainer
 
         return Trainer
-    if name == "tiny_models":
+    if name == "tools":
+        # `grpo.tools.tiny_models.build(...)` without an import of its own, as in the README's example.
         import importlib
 
-        return importlib.import_module("grpo.tools.tiny_models")
+        importlib.import_module("grpo.tools.tiny_models")
+        return importlib.import_module("grpo.tools")
     raise AttributeError(f"module 'grpo' has no attribute {name!r}")
