@@ -1,17 +1,17 @@
 """MetricsSink: metrics.jsonl, Prometheus, W&B (the curves drawn from metrics.jsonl: tests/test_curves.py)."""
 # ------------------------------------------------------------------------------------------- MetricsSink
-import json  # noqa: E402
-import os  # noqa: E402
-import socket  # noqa: E402
-import sys  # noqa: E402
-import urllib.request  # noqa: E402
+import json
+import os
+import socket
+import sys
+import urllib.request
 
-import pytest  # noqa: E402
+import pytest
 
-from grpo.algo.config import ConfigError  # noqa: E402
-from grpo.config import MetricsConfig, WandbConfig  # noqa: E402
-from grpo.report.metrics import MetricsSink, json_safe, prometheus_name  # noqa: E402
-from grpo.report.wandb_sink import resolve_mode  # noqa: E402
+from grpo.algo.config import ConfigError
+from grpo.config import MetricsConfig, WandbConfig
+from grpo.report.metrics import MetricsSink, json_safe, prometheus_name
+from grpo.report.wandb_sink import resolve_mode
 
 
 def _free_port() -> int:
