@@ -77,6 +77,8 @@ def test_fit_writes_everything_and_resumes(tmp_path, tiny_vl):
     assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == 2
     adapters = out / "store" / "adapters"
     assert (adapters / "v000003" / "adapter_config.json").is_file()
+    # The workers are gone and so are their leases: nothing pins a version once the run ended.
+    assert list((adapters / "readers").iterdir()) == []
 
     # Same folder, more steps: resumes after step 2 and publishes a fresh version before rolling out.
     resumed = grpo.Trainer(_config(tiny_vl, out, steps=3)).fit()

@@ -29,6 +29,7 @@ class RolloutPool:
         self.workers = [actor.remote(engine_config, store_root=store_root, worker_id=f"rollout-{i}",
                                      run_dir=run_dir, env_factories=envs.factories(env_names))
                         for i in range(workers)]
+        self.store_root = store_root
         self.call_timeout_s = call_timeout_s
 
     def ready(self, timeout_s: float) -> None:
@@ -69,11 +70,16 @@ class RolloutPool:
         return trajs, merge_stats([s for _, s in results])
 
     def shutdown(self) -> None:
-        """Kill the workers, alive, hung or dead; safe to call twice."""
+        """Kill the workers, alive, hung or dead, and drop their adapter leases (a killed worker cannot release
+        its own); safe to call twice."""
         import ray
 
-        for w in self.workers:
+        from sync import AdapterStore
+
+        store = AdapterStore(self.store_root)
+        for i, w in enumerate(self.workers):
             ray.kill(w)
+            store.release(f"rollout-{i}")
         self.workers = []
 
 
