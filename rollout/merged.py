@@ -61,36 +61,89 @@ class MergedLoader:
         self._served = want
 
 
-def merged_weights(base: dict, adapter: dict, config: dict) -> dict:
-    """{checkpoint weight name: base + scaling * B @ A} for every module the adapter targets.
+def merged_weights(base: dict, adapter: dict, config: dict, dtype) -> dict:
+    """{checkpoint weight name: merged tensor} for every weight the adapter changes, in `dtype`.
 
     `base` holds the checkpoint's tensors by name, `adapter` the peft adapter's tensors by their saved keys
-    (`base_model.model.<module>.lora_A.weight`), `config` its adapter_config.json. The product is taken in
-    float32 and cast to the base weight's dtype.
+    (`base_model.model.<module>.lora_A.weight`), `config` its adapter_config.json, `dtype` the dtype the engine
+    holds its weights in. A LoRA module becomes W + scaling * B @ A (its bias + scaling * the lora_B bias with
+    `lora_bias`), with rank and alpha per module from rank_pattern / alpha_pattern as peft resolves them; a
+    module of `modules_to_save` becomes the adapter's copy. The sum is taken in float32 and cast to `dtype`,
+    never to the checkpoint's: the update of an early step (~1e-5) is below a bf16 weight's resolution, and a
+    bf16 checkpoint served in float32 must carry it as the trainer's float32 forward does.
     """
     import torch
 
-    if config.get("use_dora"):
-        raise ValueError("a DoRA adapter cannot be merged by this loader: serve it as a LoRA (merge_adapter=False)")
-    if config.get("fan_in_fan_out"):
-        raise ValueError("fan_in_fan_out adapters (Conv1D layers) are not supported by the merged loader")
-    rank = config["r"]
-    alpha = config.get("lora_alpha", rank)
-    scaling = alpha / rank ** 0.5 if config.get("use_rslora") else alpha / rank
+    for field, why in (("use_dora", "a DoRA adapter"), ("fan_in_fan_out", "a fan_in_fan_out adapter (Conv1D layers)"),
+                       ("trainable_token_indices", "an adapter with trainable tokens"),
+                       ("layer_replication", "an adapter with layer_replication")):
+        if config.get(field):
+            raise ValueError(f"{why} ({field} in adapter_config.json) cannot be merged by this loader: serve it "
+                             "as a LoRA (engine.merge_adapter: false)")
     out = {}
     for key, a in adapter.items():
         if not key.endswith(".lora_A.weight"):
             continue
-        module = key[: -len(".lora_A.weight")]
-        module = module[len(_PEFT_PREFIX):] if module.startswith(_PEFT_PREFIX) else module
+        module = _module_name(key[: -len(".lora_A.weight")])
         name = module + ".weight"
         if name not in base:
             raise KeyError(f"the adapter targets {module!r} but the model has no weight {name!r}")
-        b = adapter[key[: -len(".lora_A.weight")] + ".lora_B.weight"]
+        prefix = key[: -len(".lora_A.weight")]
+        b = adapter[prefix + ".lora_B.weight"]
+        scaling = _scaling(config, module)
         w = base[name]
         delta = b.to(device=w.device, dtype=torch.float32) @ a.to(device=w.device, dtype=torch.float32)
-        out[name] = (w.to(torch.float32) + scaling * delta).to(w.dtype)
+        out[name] = (w.to(torch.float32) + scaling * delta).to(dtype)
+        if prefix + ".lora_B.bias" in adapter:
+            bias = base.get(module + ".bias")
+            if bias is None:
+                raise KeyError(f"the adapter has a lora_B bias for {module!r} (lora_bias) but the model has no "
+                               f"{module + '.bias'!r}")
+            lora_bias = adapter[prefix + ".lora_B.bias"].to(device=bias.device, dtype=torch.float32)
+            out[module + ".bias"] = (bias.to(torch.float32) + scaling * lora_bias).to(dtype)
+    saved = tuple(config.get("modules_to_save") or ())
+    for key, t in adapter.items():
+        if key.endswith((".lora_A.weight", ".lora_B.weight", ".lora_B.bias")):
+            continue
+        name = _module_name(key)
+        if not (saved and _saved_module(name, saved)):
+            raise ValueError(f"the adapter holds {key!r}, which is neither a LoRA weight nor a module of "
+                             "modules_to_save, so this loader cannot merge it: serve it as a LoRA "
+                             "(engine.merge_adapter: false)")
+        if name not in base:
+            raise KeyError(f"the adapter replaces {name!r} (modules_to_save) but the model has no such weight "
+                           "(a tied lm_head shares the embedding's): serve it as a LoRA (engine.merge_adapter: false)")
+        out[name] = t.to(dtype)
     return out
+
+
+def _module_name(key: str) -> str:
+    return key[len(_PEFT_PREFIX):] if key.startswith(_PEFT_PREFIX) else key
+
+
+def _scaling(config: dict, module: str) -> float:
+    """peft's scaling of one module: rank and alpha from the first rank_pattern / alpha_pattern key that
+    matches the module's name or a dotted suffix of it (peft.utils.other.get_pattern_key), else r and
+    lora_alpha."""
+    rank = _pattern_value(config.get("rank_pattern") or {}, module, config["r"])
+    alpha = _pattern_value(config.get("alpha_pattern") or {}, module, config.get("lora_alpha", config["r"]))
+    return alpha / rank ** 0.5 if config.get("use_rslora") else alpha / rank
+
+
+def _pattern_value(pattern: dict, module: str, default):
+    import re
+
+    for key, value in pattern.items():
+        if re.match(rf"(.*\.)?({key})$", module):
+            return value
+    return default
+
+
+def _saved_module(weight_name: str, modules_to_save: tuple[str, ...]) -> bool:
+    """Whether a saved weight belongs to a module of modules_to_save: peft wraps every module whose name
+    ends with an entry (peft.utils.other._set_trainable)."""
+    module = weight_name.rsplit(".", 1)[0]
+    return any(module.endswith(m) for m in modules_to_save)
 
 
 def _merge_into_worker(worker, model_dir: str, adapter_dir: str | None) -> int:
@@ -108,7 +161,8 @@ def _merge_into_worker(worker, model_dir: str, adapter_dir: str | None) -> int:
     if adapter_dir is not None:
         config = json.loads((Path(adapter_dir) / "adapter_config.json").read_text())
         adapter = load_file(str(Path(adapter_dir) / "adapter_model.safetensors"))
-        weights.update(merged_weights(base, adapter, config))
+        # The dtype vLLM holds the weights in (float32 on the CPU, whatever the checkpoint's), not the file's.
+        weights.update(merged_weights(base, adapter, config, worker.model_config.dtype))
     worker.model_runner.reload_weights(weights_iterator=iter(weights.items()))
     return len(weights)
 

@@ -17,27 +17,92 @@ def _adapter(a, b, module="layers.0.q_proj"):
 def test_merge_adds_scaled_b_times_a_to_the_base_weight():
     base = {"layers.0.q_proj.weight": torch.tensor([[1.0, 0.0], [0.0, 1.0]]), "norm.weight": torch.ones(2)}
     # r=1, alpha=2: scaling 2; B @ A = [[1, 2], [0, 0]]
-    out = merged_weights(base, _adapter([[1.0, 2.0]], [[1.0], [0.0]]), {"r": 1, "lora_alpha": 2})
+    out = merged_weights(base, _adapter([[1.0, 2.0]], [[1.0], [0.0]]), {"r": 1, "lora_alpha": 2}, torch.float32)
     assert list(out) == ["layers.0.q_proj.weight"]
     assert out["layers.0.q_proj.weight"].tolist() == [[3.0, 4.0], [0.0, 1.0]]
     assert base["layers.0.q_proj.weight"].tolist() == [[1.0, 0.0], [0.0, 1.0]]  # the pristine copy stays
 
 
-def test_merge_uses_rslora_scaling_and_keeps_the_base_dtype():
-    base = {"layers.0.q_proj.weight": torch.zeros(1, 2, dtype=torch.bfloat16)}
+def test_merge_uses_rslora_scaling():
+    base = {"layers.0.q_proj.weight": torch.zeros(1, 2)}
     # r=4, alpha=4, rsLoRA: scaling 4 / sqrt(4) = 2; B @ A = [[4, 0]]
     a, b = [[1.0, 0.0]] * 4, [[1.0] * 4]
-    out = merged_weights(base, _adapter(a, b), {"r": 4, "lora_alpha": 4, "use_rslora": True})
-    assert out["layers.0.q_proj.weight"].dtype == torch.bfloat16
+    out = merged_weights(base, _adapter(a, b), {"r": 4, "lora_alpha": 4, "use_rslora": True}, torch.float32)
     assert out["layers.0.q_proj.weight"].tolist() == [[8.0, 0.0]]
+
+
+def test_merge_of_a_bf16_checkpoint_keeps_the_update_in_the_engines_dtype():
+    # An early update (1e-5) is below a bf16 weight's resolution near 1 (2**-7): cast back to the checkpoint's
+    # bf16 it vanished and vLLM, running float32 on the CPU, served the base model.
+    base = {"layers.0.q_proj.weight": torch.ones(1, 2, dtype=torch.bfloat16)}
+    out = merged_weights(base, _adapter([[1e-5, 0.0]], [[1.0]]), {"r": 1, "lora_alpha": 1}, torch.float32)
+    merged = out["layers.0.q_proj.weight"]
+    assert merged.dtype == torch.float32
+    assert merged.tolist() == [[torch.tensor(1.0 + 1e-5, dtype=torch.float32).item(), 1.0]]
+    assert merged_weights(base, _adapter([[1e-5, 0.0]], [[1.0]]), {"r": 1, "lora_alpha": 1},
+                          torch.bfloat16)["layers.0.q_proj.weight"].tolist() == [[1.0, 1.0]]
 
 
 def test_merge_refuses_what_it_cannot_merge():
     base = {"layers.0.q_proj.weight": torch.zeros(2, 2)}
+    f32 = torch.float32
     with pytest.raises(KeyError, match="layers.0.k_proj"):
-        merged_weights(base, _adapter([[1.0, 0.0]], [[1.0], [0.0]], "layers.0.k_proj"), {"r": 1})
-    with pytest.raises(ValueError, match="DoRA"):
-        merged_weights(base, _adapter([[1.0, 0.0]], [[1.0], [0.0]]), {"r": 1, "use_dora": True})
+        merged_weights(base, _adapter([[1.0, 0.0]], [[1.0], [0.0]], "layers.0.k_proj"), {"r": 1}, f32)
+    with pytest.raises(ValueError, match="DoRA.*use_dora.*merge_adapter: false"):
+        merged_weights(base, _adapter([[1.0, 0.0]], [[1.0], [0.0]]), {"r": 1, "use_dora": True}, f32)
+    # A tensor the loader does not know (here an embedding's LoRA) is refused, never silently left out.
+    odd = {**_adapter([[1.0, 0.0]], [[1.0], [0.0]]), f"{P}embed_tokens.lora_embedding_A": torch.zeros(1, 2)}
+    with pytest.raises(ValueError, match="lora_embedding_A.*merge_adapter: false"):
+        merged_weights(base, odd, {"r": 1}, f32)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj = torch.nn.Linear(6, 8)
+        self.v_proj = torch.nn.Linear(6, 6)
+
+
+class _Tiny(torch.nn.Module):
+    """Module names as a decoder's (layers.N.q_proj), biases on, an untied head: every case below needs one."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Block(), _Block()])
+        self.lm_head = torch.nn.Linear(6, 10)
+
+
+@pytest.mark.parametrize("settings", [
+    # rank and alpha per module, by full name and by a suffix (peft's get_pattern_key rules)
+    dict(r=4, lora_alpha=3, rank_pattern={"layers.1.q_proj": 2, "v_proj": 3}, alpha_pattern={"q_proj": 5}),
+    dict(r=2, lora_alpha=4, lora_bias=True),
+    dict(r=2, lora_alpha=4, modules_to_save=["lm_head"]),
+], ids=["rank_alpha_pattern", "lora_bias", "modules_to_save"])
+def test_merge_matches_peft_merge_and_unload(settings, tmp_path):
+    import json
+
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    model = _Tiny()
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    peft_model = get_peft_model(model, LoraConfig(target_modules=["q_proj", "v_proj"], **settings))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name or "modules_to_save" in name:
+                p.add_(torch.randn(p.shape) * 0.1)
+    # Through the files, as the engine reads a published version.
+    peft_model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    adapter = load_file(str(tmp_path / "adapter_model.safetensors"))
+    out = merged_weights(base, adapter, config, torch.float32)
+    want = peft_model.merge_and_unload().state_dict()
+    assert set(want) == set(base)
+    for name in base:
+        torch.testing.assert_close(out.get(name, base[name]), want[name], rtol=0, atol=1e-6, msg=name)
+    changed = {n for n in base if not torch.equal(base[n], want[n])}
+    assert changed and set(out) == changed  # every weight peft changes, and only those
 
 
 def _max_gap(model, processor, prompts, gens) -> float:

@@ -45,6 +45,22 @@ def test_text_model_loads_back_with_chat_template(tiny_text):
     assert tok.decode(ids).endswith("<|im_start|>assistant\n")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_saved_in_the_dtype_asked_as_the_float32_model_rounded(dtype, tmp_path, tiny_text):
+    from safetensors.torch import load_file
+
+    path = tiny_models.build("text", tmp_path / dtype, seed=0, dtype=dtype)
+    assert json.loads((path / "config.json").read_text())["dtype"] == dtype
+    assert json.loads((path / "tiny_model.json").read_text())["dtype"] == dtype
+    saved, reference = load_file(str(path / "model.safetensors")), load_file(str(tiny_text / "model.safetensors"))
+    assert saved.keys() == reference.keys()
+    for name, t in saved.items():
+        assert t.dtype == getattr(torch, dtype)
+        assert torch.equal(t, reference[name].to(t.dtype)), name
+    # The trainer loads a bf16 checkpoint in float32, as vLLM runs it on the CPU.
+    assert {p.dtype for p in forward.load_model(path).parameters()} == {torch.float32}
+
+
 def test_finished_build_is_reused_and_marked(tiny_vl):
     stamp = json.loads((tiny_vl / "tiny_model.json").read_text())
     assert stamp["kind"] == "vl" and stamp["seed"] == 0
@@ -66,3 +82,5 @@ def test_unknown_kind_or_preset_names_the_choices(tmp_path):
         tiny_models.build("llava", tmp_path / "x")
     with pytest.raises(ValueError, match="use one of"):
         tiny_models.build("vl", tmp_path / "x", preset="huge")
+    with pytest.raises(ValueError, match="use one of"):
+        tiny_models.build("vl", tmp_path / "x", dtype="float16")

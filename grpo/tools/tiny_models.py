@@ -3,9 +3,10 @@
 No model hub is reachable here, so tests, benchmarks and the CPU maze run on these: a Qwen3-VL (the seed's
 family) and a Qwen3 text model, each saved with `save_pretrained` next to a byte-level BPE tokenizer trained
 offline and a chat template. Everything downstream loads them by path, exactly as it would load a real
-checkpoint such as Qwen3-VL-8B.
+checkpoint such as Qwen3-VL-8B. They are float32 by default; `dtype="bfloat16"` saves the same model rounded
+to bf16, as real checkpoints ship (config.json's dtype and the safetensors both bf16).
 
-    python -m grpo.tools.tiny_models --kind vl --out runs/models/tiny-vl [--seed 0] [--preset tiny]
+    python -m grpo.tools.tiny_models --kind vl --out runs/models/tiny-vl [--seed 0] [--preset tiny] [--dtype bfloat16]
 """
 from __future__ import annotations
 
@@ -170,7 +171,7 @@ def _mrope_section(head_dim: int) -> list[int]:
     return [t, half * 5 // 16, half * 5 // 16]
 
 
-def build_vl(out: Path, seed: int, preset: TinyPreset) -> Path:
+def build_vl(out: Path, seed: int, preset: TinyPreset, dtype: str = "float32") -> Path:
     import torch
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
@@ -198,7 +199,7 @@ def build_vl(out: Path, seed: int, preset: TinyPreset) -> Path:
     )
     config.architectures = ["Qwen3VLForConditionalGeneration"]
     torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(config).to(torch.float32)
+    model = Qwen3VLForConditionalGeneration(config).to(getattr(torch, dtype))
     model.generation_config.eos_token_id = text["eos_token_id"]
     model.generation_config.pad_token_id = text["pad_token_id"]
 
@@ -215,7 +216,7 @@ def build_vl(out: Path, seed: int, preset: TinyPreset) -> Path:
     return out
 
 
-def build_text(out: Path, seed: int, preset: TinyPreset) -> Path:
+def build_text(out: Path, seed: int, preset: TinyPreset, dtype: str = "float32") -> Path:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -224,7 +225,7 @@ def build_text(out: Path, seed: int, preset: TinyPreset) -> Path:
     config = Qwen3Config(**text, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
     config.architectures = ["Qwen3ForCausalLM"]
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model = Qwen3ForCausalLM(config).to(getattr(torch, dtype))
     model.generation_config.eos_token_id = text["eos_token_id"]
     model.generation_config.pad_token_id = text["pad_token_id"]
     _save(out, model, None, tokenizer)
@@ -240,16 +241,20 @@ def _save(out: Path, model, processor, tokenizer) -> None:
 
 
 BUILDERS = {"vl": build_vl, "text": build_text}
+DTYPES = ("float32", "bfloat16")
 
 
-def build(kind: str, out: str | Path, seed: int = 0, preset: str = "tiny") -> Path:
-    """Build and save a tiny model; a folder that already holds the same build is reused as it is."""
+def build(kind: str, out: str | Path, seed: int = 0, preset: str = "tiny", dtype: str = "float32") -> Path:
+    """Build and save a tiny model; a folder that already holds the same build is reused as it is. The
+    weights are drawn in float32 from `seed` and saved in `dtype`: a bf16 build is the float32 one rounded."""
     if kind not in BUILDERS:
         raise ValueError(f"unknown tiny model kind {kind!r}: use one of {sorted(BUILDERS)}")
     if preset not in PRESETS:
         raise ValueError(f"unknown tiny model preset {preset!r}: use one of {sorted(PRESETS)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown tiny model dtype {dtype!r}: use one of {list(DTYPES)}")
     out = Path(out)
-    stamp = {"kind": kind, "seed": seed, "preset": asdict(PRESETS[preset])}
+    stamp = {"kind": kind, "seed": seed, "preset": asdict(PRESETS[preset]), "dtype": dtype}
     marker = out / "tiny_model.json"
     if marker.exists() and json.loads(marker.read_text()) == stamp:
         return out
@@ -258,7 +263,7 @@ def build(kind: str, out: str | Path, seed: int = 0, preset: str = "tiny") -> Pa
     if tmp.exists():
         import shutil
         shutil.rmtree(tmp)
-    BUILDERS[kind](tmp, seed, PRESETS[preset])
+    BUILDERS[kind](tmp, seed, PRESETS[preset], dtype)
     (tmp / "tiny_model.json").write_text(json.dumps(stamp, sort_keys=True))
     if out.exists():
         import shutil
@@ -286,9 +291,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--dtype", choices=DTYPES, default="float32")
     a = ap.parse_args(argv)
-    path = build(a.kind, a.out, a.seed, a.preset)
-    print(json.dumps({"path": str(path), "kind": a.kind, "seed": a.seed, "preset": a.preset,
+    path = build(a.kind, a.out, a.seed, a.preset, a.dtype)
+    print(json.dumps({"path": str(path), "kind": a.kind, "seed": a.seed, "preset": a.preset, "dtype": a.dtype,
                       "weights_sha256": weights_digest(path)}))
 
 
