@@ -182,6 +182,12 @@ class RunConfig:
         if not self.rollout.temperature > 0:
             raise ConfigError(self, "rollout.temperature", self.rollout.temperature,
                               "a number > 0 (training samples at it; greedy (0) is for evaluation)")
+        if self.rollout.top_p < 1:
+            raise ConfigError(self, "rollout.top_p", self.rollout.top_p,
+                              "1 for training: vLLM's logprobs are renormalised over the nucleus and the trainer "
+                              "scores the full softmax, which biases the sampler mismatch and shrinks the TIS "
+                              "weights; set rollout.top_p: 1 and control exploration with rollout.temperature "
+                              "(evaluation is greedy and unaffected)")
         self.train.check_length(self, "steps")
         held_out = set(self.eval_seeds) | set(self.unseen_seeds)
         require(self, "train_seed_offset", self.train_seed_offset > max(held_out, default=-1),

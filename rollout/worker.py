@@ -38,7 +38,7 @@ class Task:
 @dataclass(frozen=True)
 class RolloutConfig:
     temperature: float = 1.0  # the run's one temperature: vLLM samples at it and the trainer scores at it
-    top_p: float = 1.0  # nucleus sampling; 1: the whole distribution
+    top_p: float = 1.0  # nucleus sampling; 1: the whole distribution, which training needs (see RunConfig)
     max_tokens_per_turn: int = 32  # a reply's token limit
     stop: tuple[str, ...] = ()  # strings that end a reply
     # "full": the whole conversation, images included, one growing sequence. "text": earlier images leave

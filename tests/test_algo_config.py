@@ -51,6 +51,12 @@ def test_seq_sum_norm_needs_its_length():
     assert AlgorithmConfig(loss_agg="seq_sum_norm", seq_sum_norm_len=512).seq_sum_norm_len == 512
 
 
+def test_k1_is_a_metric_not_a_penalty():
+    with pytest.raises(ConfigError, match=r"AlgorithmConfig\.kl_estimator='k1' .*zero expected gradient.*'k3'.*'k2'"):
+        AlgorithmConfig(kl_coef=0.05, kl_estimator="k1")
+    assert AlgorithmConfig(kl_estimator="k1").kl_coef == 0.0
+
+
 def test_helpers_serve_other_config_classes():
     @dataclass
     class LoraConfig:

@@ -60,6 +60,9 @@ def test_a_value_that_moved_says_where_it_lives_now(override, says):
 @pytest.mark.parametrize("data, field", [
     ({"rollout": {"temperature": 0.0}}, "RunConfig.rollout.temperature"),  # greedy is for evaluation only
     ({"rollout": {"temperature": -1.0}}, "RolloutConfig.temperature"),
+    ({"rollout": {"top_p": 0.95}}, "RunConfig.rollout.top_p"),  # vLLM renormalises over the nucleus
+    ({"lora": {"dropout": 0.05}}, "LoraConfig.dropout"),
+    ({"algorithm": {"kl_coef": 0.1, "kl_estimator": "k1"}}, "AlgorithmConfig.kl_estimator"),
     ({"rollout": {"history": "some"}}, "RolloutConfig.history"),
     ({"engine": {"max_model_len": 16}}, "VllmConfig.max_model_len"),
     ({"engine": {"dtype": "half"}}, "VllmConfig.dtype"),

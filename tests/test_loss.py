@@ -88,6 +88,40 @@ def test_normalizers_by_hand_and_over_micro_batch_masks():
         assert loss_normalizer([mask[:1], mask[1:, :2]], config) == value
 
 
+@pytest.mark.parametrize(
+    "agg, expected_loss, a_grad, b_grad",
+    [
+        # Episode A: 3 tokens, advantage 3; B: 1 token, advantage -1; ratio 1. Episode means -3 and 1, over 2
+        # episodes: -1; gradient -A / (episode tokens * 2): -1/2 on A's tokens, 1/2 on B's.
+        ("sequence_mean", -1.0, -0.5, 0.5),
+        # Token sums -9 and 1 over (2 episodes * 4): -1; gradient -A / 8.
+        ("seq_sum_norm", -1.0, -3 / 8, 1 / 8),
+    ],
+)
+def test_an_episode_split_into_turns_weighs_as_one_sequence(agg, expected_loss, a_grad, b_grad):
+    config = AlgorithmConfig(loss_agg=agg, seq_sum_norm_len=4)
+    # As one row each (history full) ...
+    whole_mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    whole = leaf([[0.0] * 3] * 2)
+    out = policy_loss(whole, whole.detach(), t([3.0, -1.0]), whole_mask, config, loss_normalizer(whole_mask, config))
+    out.loss.backward()
+    assert_close(out.loss, t(expected_loss))
+    assert_close(whole.grad, t([[a_grad] * 3, [b_grad, 0, 0]]))
+    # ... and with A's two turns as two rows (history none), in two micro-batches.
+    masks = [torch.tensor([[1, 1]]), torch.tensor([[1, 0], [1, 0]])]
+    normalizer = loss_normalizer(masks, config, sequences=2)
+    turn1, rest = leaf([[0.0, 0.0]]), leaf([[0.0, 0.0]] * 2)
+    first = policy_loss(turn1, turn1.detach(), t([3.0]), masks[0], config, normalizer, sequence_tokens=t([3.0]))
+    second = policy_loss(rest, rest.detach(), t([3.0, -1.0]), masks[1], config, normalizer,
+                         sequence_tokens=t([3.0, 1.0]))
+    (first.loss + second.loss).backward()
+    assert_close(first.loss + second.loss, t(expected_loss))
+    assert_close(turn1.grad, t([[a_grad] * 2]))
+    assert_close(rest.grad, t([[a_grad, 0], [b_grad, 0]]))
+    # Counting rows as sequences (the old rule) would count A twice.
+    assert loss_normalizer(masks, config) == 1.5 * normalizer
+
+
 def random_batch(seed):
     rows, cols = 6, 7
     g = torch.Generator().manual_seed(seed)
@@ -163,8 +197,6 @@ def test_merging_over_ranks_equals_merging_all_outputs():
 @pytest.mark.parametrize(
     "estimator, expected_kl, expected_grad",
     [
-        # logprobs - ref = +ln2 and -ln2. k1 = logprobs - ref: mean 0; gradient 1.
-        ("k1", 0.0, [1.0, 1.0]),
         # k2 = (logprobs - ref)^2 / 2 = ln2^2 / 2 each; gradient logprobs - ref = +-ln2.
         ("k2", LN2**2 / 2, [LN2, -LN2]),
         # k3 = e^x - 1 - x with x = ref - logprobs: 0.5 - 1 + ln2 and 2 - 1 - ln2, mean 0.25;
@@ -184,11 +216,14 @@ def test_kl_estimators_by_hand(estimator, expected_kl, expected_grad):
     assert_close(logprobs.grad, t([[0.1 * g / 2 for g in expected_grad]]))
 
 
-def test_kl_is_logged_without_being_a_penalty_when_kl_coef_is_zero():
+@pytest.mark.parametrize("estimator, expected_kl", [("k1", 0.0), ("k3", 0.25)])
+def test_kl_is_logged_without_being_a_penalty_when_kl_coef_is_zero(estimator, expected_kl):
+    # k1 = logprobs - ref = +ln2 and -ln2, mean 0: a metric only (a k1 penalty is refused, test_algo_config).
     logprobs = leaf([[0.0, 0.0]])
     ref = t([[-LN2, LN2]])
-    out = policy_loss(logprobs, logprobs.detach(), t([0.0]), torch.ones(1, 2), AlgorithmConfig(), 2.0, ref_logprobs=ref)
-    assert out.metrics["kl"].item() == pytest.approx(0.25)
+    config = AlgorithmConfig(kl_estimator=estimator)
+    out = policy_loss(logprobs, logprobs.detach(), t([0.0]), torch.ones(1, 2), config, 2.0, ref_logprobs=ref)
+    assert out.metrics["kl"].item() == pytest.approx(expected_kl)
     assert out.loss.item() == 0.0
 
 
@@ -259,3 +294,5 @@ def test_bad_inputs_are_refused_with_the_fix():
         policy_loss(lp, lp, adv, mask[:, :2], AlgorithmConfig(), 1.0)
     with pytest.raises(ValueError, match="advantages must be"):
         policy_loss(lp, lp, torch.zeros(3), mask, AlgorithmConfig(), 1.0)
+    with pytest.raises(ValueError, match=r"sequence_tokens must be \(B,\)"):
+        policy_loss(lp, lp, adv, mask, AlgorithmConfig(), 1.0, sequence_tokens=torch.ones(2, 3))

@@ -26,10 +26,18 @@ class AlgorithmConfig:
     clip_low: float = 0.2  # the ratio is clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.28  # clip-higher (DAPO): more room for raising unlikely tokens, against collapse
     dual_clip: Optional[float] = None  # c > 1: bounds a negative advantage's loss at c * |A| (dual-clip PPO)
-    loss_agg: str = "token_mean"  # "token_mean" | "sequence_mean" | "seq_sum_norm" (Dr. GRPO)
+    # "token_mean": every generated token of the batch weighs the same; "sequence_mean": each episode's mean
+    # over its own generated tokens, averaged over episodes (GRPO); "seq_sum_norm": each episode's token sum
+    # over seq_sum_norm_len, averaged over episodes (Dr. GRPO). An episode counts once however many
+    # segments (turns, with history none or text) it is split into.
+    loss_agg: str = "token_mean"
     seq_sum_norm_len: Optional[int] = None  # the fixed length seq_sum_norm divides by, e.g. max response tokens
-    kl_coef: float = 0.0  # weight of the KL penalty to the reference (base) model; 0 turns it off
-    kl_estimator: str = "k3"  # "k1" | "k2" | "k3" (Schulman's estimators of KL(policy || reference))
+    # Weight of the KL penalty to the reference: the starting policy (the base model, or the `adapter` the
+    # run starts from); 0 turns it off.
+    kl_coef: float = 0.0
+    # "k2" | "k3" as the penalty (Schulman's estimators of KL(policy || reference)); "k1" only as a logged
+    # metric (kl_coef 0): its expected gradient on-policy is zero.
+    kl_estimator: str = "k3"
     tis_cap: Optional[float] = None  # truncated importance sampling vs the sampler's logprobs; None: off
     # Step-level advantages (GiGPO's "anchor states"): each turn also gets its discounted return against
     # the other turns of its group taken from the same env state (Env.state_key), weighted by this; 0: off.
@@ -53,6 +61,12 @@ class AlgorithmConfig:
         )
         check_number(self, "kl_coef", ge=0)
         check_choice(self, "kl_estimator", ("k1", "k2", "k3"))
+        require(
+            self, "kl_estimator", not (self.kl_estimator == "k1" and self.kl_coef > 0),
+            f"'k1' as a penalty (kl_coef={self.kl_coef}): k1 = log(policy / reference) has zero expected gradient "
+            "on the sampled tokens, so it adds noise, not a pull towards the reference; set "
+            "algorithm.kl_estimator to 'k3' (unbiased, low variance) or 'k2' (its gradient is the KL's)",
+        )
         check_number(self, "tis_cap", ge=1, optional=True, hint="e.g. 2.0; a cap below 1 shrinks on-policy tokens")
         check_number(self, "step_weight", ge=0, hint="GiGPO uses 1.0; 0 turns step-level advantages off")
         check_number(self, "step_gamma", gt=0, le=1, hint="e.g. 0.95")

@@ -4,6 +4,10 @@ importance-sampling (TIS) correction.
 Micro-batch independence: every aggregation is a sum over tokens or sequences divided by one number for
 the whole batch (`loss_normalizer`), so the micro-batch losses sum to the full-batch loss and their
 gradients to its gradient, however the batch is split.
+
+A sequence is an episode. When an episode is split into several rows (one segment per turn, with history
+none or text), sequence_mean divides each row by its episode's generated tokens (`sequence_tokens`) and the
+normaliser counts episodes (`sequences`), so the episode weighs what it would as one row.
 """
 from __future__ import annotations
 
@@ -26,10 +30,12 @@ class LossOutput:
     tokens: torch.Tensor  # generated tokens in this call: the weight for merging metrics (merge_metrics)
 
 
-def loss_normalizer(masks: Union[torch.Tensor, Sequence[torch.Tensor]], config: AlgorithmConfig) -> float:
+def loss_normalizer(masks: Union[torch.Tensor, Sequence[torch.Tensor]], config: AlgorithmConfig,
+                    sequences: Optional[int] = None) -> float:
     """The batch-level denominator, from the loss mask of the whole batch (one tensor, or the list of
     micro-batch masks, whose padded lengths may differ). token_mean: generated tokens; sequence_mean:
-    sequences (rows, zero-length responses included); seq_sum_norm: sequences x seq_sum_norm_len.
+    sequences; seq_sum_norm: sequences x seq_sum_norm_len. `sequences` is how many episodes the rows
+    belong to when an episode spans several rows; by default each row is one (zero-length ones included).
 
     With data parallelism, where gradients are averaged over ranks, compute it over all ranks' masks and
     pass normalizer / world_size to each rank's policy_loss.
@@ -37,7 +43,8 @@ def loss_normalizer(masks: Union[torch.Tensor, Sequence[torch.Tensor]], config: 
     masks = [masks] if isinstance(masks, torch.Tensor) else list(masks)
     if config.loss_agg == "token_mean":
         return float(sum(int(m.bool().sum()) for m in masks))
-    sequences = sum(m.shape[0] for m in masks)
+    if sequences is None:
+        sequences = sum(m.shape[0] for m in masks)
     if config.loss_agg == "sequence_mean":
         return float(sequences)
     return float(sequences * config.seq_sum_norm_len)
@@ -53,6 +60,7 @@ def policy_loss(
     *,
     ref_logprobs: Optional[torch.Tensor] = None,
     sampler_logprobs: Optional[torch.Tensor] = None,
+    sequence_tokens: Optional[torch.Tensor] = None,
 ) -> LossOutput:
     """Per token: -A * ratio with ratio = exp(logprobs - old_logprobs), clipped PPO-style to
     [1 - clip_low, 1 + clip_high] (the pessimistic max of the clipped and unclipped losses); with
@@ -64,6 +72,8 @@ def policy_loss(
 
     All log-prob tensors are (B, T) over the same tokens; `advantages` is (B,) or (B, T); `mask` is 1 on
     generated tokens, 0 on prompt, observation and padding tokens (their values are never used).
+    `sequence_tokens` (B,), for sequence_mean: the generated tokens of the episode each row belongs to,
+    when an episode spans several rows; by default each row's own.
     """
     if not normalizer > 0:
         raise ValueError(
@@ -76,6 +86,9 @@ def policy_loss(
         raise ValueError(
             f"advantages must be (B,) or (B, T) for logprobs {tuple(logprobs.shape)}, got {tuple(advantages.shape)}"
         )
+    if sequence_tokens is not None and sequence_tokens.shape != logprobs.shape[:1]:
+        raise ValueError(f"sequence_tokens must be (B,) for logprobs {tuple(logprobs.shape)}, "
+                         f"got {tuple(sequence_tokens.shape)}: one count per row")
     if config.kl_coef > 0 and ref_logprobs is None:
         raise ValueError(f"kl_coef={config.kl_coef} needs ref_logprobs (the reference model's logprobs)")
     if config.tis_cap is not None and sampler_logprobs is None:
@@ -119,7 +132,8 @@ def policy_loss(
 
     per_token = _masked(per_token, m)
     if config.loss_agg == "sequence_mean":
-        total = (per_token.sum(dim=-1) / m.sum(dim=-1).clamp(min=1)).sum()
+        lengths = m.sum(dim=-1) if sequence_tokens is None else sequence_tokens.to(m.device)
+        total = (per_token.sum(dim=-1) / lengths.clamp(min=1)).sum()
     else:
         total = per_token.sum()
     return LossOutput(loss=total / normalizer, metrics=metrics, maxima=maxima, tokens=tokens)

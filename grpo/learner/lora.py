@@ -16,13 +16,19 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 class LoraConfig:
     rank: int = 32  # r of the low-rank update B @ A; vLLM serves adapters up to this rank
     alpha: float = 64.0  # the update is scaled by alpha / rank
-    dropout: float = 0.0  # LoRA dropout on the adapter's input while training
+    # LoRA dropout: only 0. Old logprobs are scored without it and new ones with it, so the ratio would not
+    # be 1 on-policy and its noise would enter the TIS weight and the vLLM mismatch.
+    dropout: float = 0.0
     target_modules: tuple[str, ...] = DEFAULT_TARGETS  # names of the linear layers that get an adapter
 
     def __post_init__(self):
         check_number(self, "rank", integer=True, ge=1)
         check_number(self, "alpha", gt=0)
         check_number(self, "dropout", ge=0, lt=1)
+        require(self, "dropout", self.dropout == 0,
+                "0 for GRPO: the old logprobs (and vLLM's) are scored without dropout and the new ones with it, "
+                "so the ratio is not 1 on-policy and the dropout noise enters the TIS weight and the sampler "
+                "mismatch; 0 is the GRPO default in verl and TRL for this reason. Set lora.dropout: 0")
         require(self, "target_modules", len(self.target_modules) > 0 and all(
             isinstance(t, str) and t for t in self.target_modules), "a non-empty list of module names")
 

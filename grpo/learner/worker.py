@@ -10,6 +10,7 @@ count on every rank) and the data of each rank follow from the batch alone, with
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import numbers
@@ -27,11 +28,15 @@ from grpo.learner.config import TrainConfig
 from grpo.learner.lora import LoraConfig, adapter_config, adapter_tensors, apply_lora
 from rollout import runtime
 
+_REFERENCE = "reference"  # the adapter name of the frozen copy of the starting adapter: the KL reference
+
 
 @dataclass(frozen=True)
 class _Item:
     segment: Any  # rollout.trajectory.Segment
     advantages: torch.Tensor  # per token of the segment: its turn's advantage on generated tokens, 0 elsewhere
+    episode: int  # the index of its trajectory in the batch
+    episode_tokens: int  # the generated tokens of its whole trajectory: sequence_mean's per-episode length
 
 
 def token_advantages(trajectory, advantage: float | Sequence[float]) -> list[torch.Tensor]:
@@ -101,9 +106,17 @@ class TrainWorker:
         torch.manual_seed(self.train.seed)
         base = forward.load_model(model_path, dtype=getattr(torch, dtype_name))
         if adapter_path is not None:
-            from peft import PeftModel
+            from peft import PeftConfig, PeftModel
 
-            self.model = PeftModel.from_pretrained(base, adapter_path, is_trainable=True)
+            # The adapter's own lora_dropout (SFT often trains with 0.05) would make the trainer's logprobs
+            # noisy against the old ones and vLLM's: the run's lora.dropout (0, LoraConfig) replaces it.
+            config = PeftConfig.from_pretrained(adapter_path)
+            config.lora_dropout = self.lora.dropout
+            self.model = PeftModel.from_pretrained(base, adapter_path, is_trainable=True, config=config)
+            if self.algorithm.kl_coef > 0:
+                # The KL reference is the starting policy, not the base model before SFT: the same adapter
+                # once more, frozen, beside the trained one (no second model in memory).
+                self.model.load_adapter(adapter_path, adapter_name=_REFERENCE, is_trainable=False)
         else:
             self.model = apply_lora(base, self.lora)
         self.model.to(self.device)
@@ -165,7 +178,7 @@ class TrainWorker:
         advantages = advantages.tolist() if torch.is_tensor(advantages) else list(advantages)
         if len(advantages) != len(trajectories):
             raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages: one per trajectory")
-        items = [_Item(seg, adv) for traj, a in zip(trajectories, advantages)
+        items = [_Item(seg, adv, e, traj.num_generated) for e, (traj, a) in enumerate(zip(trajectories, advantages))
                  for seg, adv in zip(traj.segments, token_advantages(traj, a)) if seg.num_generated > 0]
         lr = self.train.lr_at(self.step, self.total_steps)
         for group in self.optimizer.param_groups:
@@ -176,8 +189,14 @@ class TrainWorker:
             # a resumed run stay aligned with the caller's steps.
             return {"step": float(self.step), "lr": lr, "skipped": 1.0, "updates": 0.0}
 
-        plans = [self._plan(items, chunk)
-                 for chunk in _split(len(items), self.train.updates_per_batch, self.train.seed * 1_000_003 + self.step)]
+        # Mini-batches take whole units: segments, or with a per-episode mean whole episodes (an episode's
+        # mean must be complete within one update).
+        by_key: dict[int, list[int]] = {}
+        for i, item in enumerate(items):
+            by_key.setdefault(i if self.algorithm.loss_agg == "token_mean" else item.episode, []).append(i)
+        units = list(by_key.values())
+        dealt = _split(len(units), self.train.updates_per_batch, self.train.seed * 1_000_003 + self.step)
+        plans = [self._plan(items, sorted(i for u in part for i in units[u])) for part in dealt]
         expanded = {i: self._expand(items[i]) for plan in plans for mb, _ in plan.schedule() for i in mb}
         scored = self._score(plans, expanded) if self.train.updates_per_batch > 1 else None
 
@@ -210,8 +229,9 @@ class TrainWorker:
         size = self.train.micro_batch_size
         micro = [_micro_batches(s, lengths, size) for s in shares]
         masks = [torch.as_tensor(items[i].segment.loss_mask)[None] for i in chunk]
+        episodes = len({items[i].episode for i in chunk})
         return _Plan(micro=micro[self.rank], passes=max(len(m) for m in micro),
-                     normalizer=loss_normalizer(masks, self.algorithm), filler=chunk[0])
+                     normalizer=loss_normalizer(masks, self.algorithm, episodes), filler=chunk[0])
 
     def _expand(self, item: _Item) -> forward.Expanded:
         seg = item.segment
@@ -234,16 +254,31 @@ class TrainWorker:
             image_grid_thw=move(batch.image_grid_thw))
 
     def _reference(self, batch: forward.Batch, mask: torch.Tensor) -> torch.Tensor | None:
-        """The base model's logprobs (the adapter switched off: no second model in memory)."""
+        """The starting policy's logprobs: the frozen copy of the starting adapter, or with a fresh adapter
+        (zero update) the base model with the adapter switched off."""
         if self.algorithm.kl_coef == 0:
             return None
         training = self.model.training
-        self.model.eval()  # no LoRA dropout in a reference
+        self.model.eval()
         try:
-            with torch.no_grad(), self.model.disable_adapter():
+            with torch.no_grad(), self._reference_weights():
                 return forward.token_logprobs(self.model, batch, mask, self.temperature)
         finally:
             self.model.train(training)
+
+    @contextlib.contextmanager
+    def _reference_weights(self):
+        if _REFERENCE not in self.model.peft_config:
+            with self.model.disable_adapter():
+                yield
+            return
+        # set_adapter also sets requires_grad (the active adapter trainable, the others frozen): switching
+        # back restores the trained adapter's gradients and leaves the reference frozen.
+        self.model.set_adapter(_REFERENCE, inference_mode=True)
+        try:
+            yield
+        finally:
+            self.model.set_adapter("default")
 
     def _score(self, plans: list[_Plan], expanded: dict) -> dict[int, list[torch.Tensor]]:
         """Logprobs before any update of this batch (and the reference's): the old policy of every
@@ -283,8 +318,10 @@ class TrainWorker:
                 logprobs = forward.token_logprobs(self.model, batch, mask, self.temperature)
             # A filler pass only keeps this rank's collectives in step with the others: with no token in its
             # loss mask it has loss 0, no gradient and no weight in the metrics.
+            episode_tokens = torch.tensor([float(items[i].episode_tokens) for i in indices])
             out = policy_loss(logprobs, old, adv, mask if real else torch.zeros_like(mask), self.algorithm,
-                              plan.normalizer / self.world_size, ref_logprobs=ref, sampler_logprobs=sampler)
+                              plan.normalizer / self.world_size, ref_logprobs=ref, sampler_logprobs=sampler,
+                              sequence_tokens=episode_tokens)
             out.loss.backward()
             outputs.append(out)
             if real:
