@@ -25,6 +25,7 @@ class VllmConfig:
     """The vLLM engine's settings a run chooses (its `engine:` section); EngineConfig adds the model, the
     seed and the LoRA rank, which a run states elsewhere (`model`, `seed`, `lora.rank`)."""
 
+    # The engines' and the train ranks' dtype: the trainer scores in the precision vLLM samples in.
     dtype: str = "auto"  # "auto": bfloat16 where the hardware has it, else float32
     max_model_len: int = 4096  # tokens of one episode's context; an episode that fills it ends
     enable_prefix_caching: bool = True  # reuse the KV cache of a shared prompt prefix (a group's episodes)

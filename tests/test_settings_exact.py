@@ -2,7 +2,8 @@
 
 rollout.top_p < 1, algorithm.kl_estimator k1 as a penalty and lora.dropout > 0 are refused at config time;
 sequence_mean and seq_sum_norm average over episodes however an episode is split into segments; with a
-starting adapter the KL reference is that adapter, and its own lora_dropout does not apply.
+starting adapter the KL reference is that adapter, its own lora_dropout does not apply, and a lora section
+that disagrees with its shape is refused.
 """
 import dataclasses
 
@@ -127,3 +128,22 @@ def test_a_fresh_adapters_kl_reference_is_the_base_model(tiny_vl):
                          train=GRADIENT)
     assert list(worker.model.peft_config) == ["default"]
     assert worker.train_step(trajectories(worker.processor, 2, images=False), advantages(2))["kl"] < 1e-7
+
+
+def test_a_lora_section_that_disagrees_with_the_starting_adapter_is_refused(tmp_path, tiny_text):
+    import json
+
+    from grpo.driver.preflight import check_run
+
+    adapter = tmp_path / "sft"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps(
+        {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}))
+    base = dict(model=str(tiny_text), adapter=str(adapter), env="maze")
+    with pytest.raises(ConfigError) as e:
+        check_run(RunConfig(**base))  # the default lora section: rank 32
+    assert e.value.field == "RunConfig.lora.rank" and "set lora.rank: 8" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        check_run(RunConfig(**base, lora={"rank": 8, "alpha": 16.0}))
+    assert e.value.field == "RunConfig.lora.target_modules" and "['q_proj', 'v_proj']" in str(e.value)
+    check_run(RunConfig(**base, lora={"rank": 8, "alpha": 16.0, "target_modules": ["v_proj", "q_proj"]}))

@@ -2,6 +2,7 @@
 `grpo train --dry-run` runs the same checks, less those of files that may live on another machine."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from grpo.algo.config import ConfigError
@@ -20,6 +21,8 @@ def check_run(config: RunConfig, files: bool = True) -> None:
         if config.adapter is not None and not (Path(config.adapter) / "adapter_config.json").is_file():
             raise FileNotFoundError(f"adapter={config.adapter!r} has no adapter_config.json: give the folder a "
                                     "LoRA adapter was saved to (save_pretrained), or leave it unset")
+        if config.adapter is not None:
+            _check_adapter_matches_lora(config)
     # A broken env fails here, not in an actor.
     envs.check_env(config.env.name, config.env.options, config.train_seed_offset)
     for f in config.fault.faults:
@@ -28,3 +31,18 @@ def check_run(config: RunConfig, files: bool = True) -> None:
             raise ConfigError("RunConfig", "fault.inject", f.spec,
                               f"a fault that can fire: index below {count} ({f.target}s in the cluster section) "
                               f"and step at most steps ({config.steps})")
+
+
+def _check_adapter_matches_lora(config: RunConfig) -> None:
+    """A starting adapter is trained in its own shape; a `lora:` section that says otherwise would be a setting
+    that changes nothing (and the engines would be sized for the wrong rank): refused, naming the values."""
+    saved = json.loads((Path(config.adapter) / "adapter_config.json").read_text())
+    lora = config.lora
+    stated = {"lora.rank": (lora.rank, saved.get("r")), "lora.alpha": (lora.alpha, saved.get("lora_alpha"))}
+    if isinstance(saved.get("target_modules"), list):
+        stated["lora.target_modules"] = (sorted(lora.target_modules), sorted(saved["target_modules"]))
+    for field, (ours, theirs) in stated.items():
+        if theirs is not None and ours != theirs:
+            raise ConfigError("RunConfig", field, ours,
+                              f"{theirs!r}, as the starting adapter {config.adapter} was saved (adapter_config.json): "
+                              f"a run that starts from an adapter trains it in its own shape; set {field}: {theirs!r}")

@@ -337,7 +337,7 @@ class Trainer:
                                 env_names=[cfg.env.name])
         self.group = TrainGroup(cfg.model, c.train_ranks, lora=cfg.lora, algorithm=cfg.algorithm,
                                 train=cfg.train, temperature=cfg.rollout.temperature, total_steps=cfg.steps,
-                                adapter_path=cfg.adapter, gpus_per_rank=share,
+                                adapter_path=cfg.adapter, dtype=cfg.engine.dtype, gpus_per_rank=share,
                                 resources=c.train_resources, start_timeout_s=f.start_timeout_s,
                                 call_timeout_s=f.call_timeout_s)
         self.pool.ready(f.start_timeout_s)
