@@ -25,9 +25,15 @@ class ChatFormat:
                 f"the tokenizer of {getattr(self.tok, 'name_or_path', '?')} has no chat template: multi-turn "
                 "rollouts need one; save the model with a tokenizer that defines `chat_template`")
         self.eos_ids = self._eos_ids()
+        self._end = self._conversation_end()
         # What the template writes after an assistant message: the end-of-turn ids.
         history = self._render(self._head() + [{"role": "assistant", "content": _MARK}], False)
-        self.close_ids = self._ids(history[history.index(_MARK) + len(_MARK):])
+        self.close_ids = self._ids(history[history.index(_MARK) + len(_MARK):len(history) - len(self._end)])
+        # The family's end-of-turn token (Llama 3's <|eot_id|>, Gemma's <end_of_turn>, Phi's <|end|>) ends a
+        # reply as eos does.
+        added = self.tok.added_tokens_decoder
+        if self.close_ids and self.close_ids[0] in added and added[self.close_ids[0]].special:
+            self.eos_ids.add(self.close_ids[0])
 
     def _special_id(self, token: str) -> int | None:
         i = self.tok.convert_tokens_to_ids(token)
@@ -39,6 +45,15 @@ class ChatFormat:
         if end is not None:
             ids.add(end)
         return ids
+
+    def _conversation_end(self) -> str:
+        """What the template writes only at the end of a conversation rendered without a generation prompt
+        (Phi-3 and Phi-4 write eos there): not part of a turn."""
+        eos = self.tok.eos_token or ""
+        closed, opened = self._render(self._head(), False), self._render(self._head(), True)
+        if eos and closed.endswith(eos) and not opened.startswith(closed):
+            return eos
+        return ""
 
     def _head(self) -> list[dict]:
         msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -67,10 +82,15 @@ class ChatFormat:
     def observation_ids(self, obs: Observation, generated: list[int]) -> list[int]:
         """Ids to append after the model's turn: close it, the observation as a user turn, the next opening."""
         before = self._render(self._head() + [{"role": "assistant", "content": _MARK}], False)
+        before = before[:len(before) - len(self._end)]
         after = self._render(self._head() + [{"role": "assistant", "content": _MARK}, self._user(obs)], True)
         if not after.startswith(before):
-            raise ValueError("the chat template renders earlier messages differently once a turn is added; "
-                             "multi-turn token ids cannot be appended turn by turn with this template")
+            # Qwen3 renders the last assistant turn with a think block and drops it once a user turn follows:
+            # the model's own ids stand for its turn, so only what the template writes after it must agree.
+            before, after = before[before.index(_MARK):], after[after.index(_MARK):]
+        if not after.startswith(before):
+            raise ValueError("the chat template renders an assistant turn's end differently once a turn is "
+                             "added; multi-turn token ids cannot be appended turn by turn with this template")
         suffix = self._ids(after[len(before):])
         close = list(self.close_ids)
         # vLLM keeps the end-of-turn token it sampled; the template's closing must not repeat it.

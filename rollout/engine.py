@@ -1,8 +1,9 @@
 """A thin wrapper around vLLM's offline `LLM`: token ids and images in, sampled ids and their logprobs out.
 
-Prompts go in "compact" form: one `<|image_pad|>` per image, which vLLM expands to one token per merged
-patch itself (handing it ids that are already expanded makes it expand them again). vLLM reports the
-expanded ids it actually ran, so a caller can check them against its own expansion.
+Prompts go in "compact" form: one image placeholder per image (`<|image_pad|>`, `<image>`,
+`<start_of_image>`), which vLLM expands itself, as the family's processor does (handing it ids that are
+already expanded makes it expand them again). vLLM reports the expanded ids it actually ran, so a caller
+can check them against its own expansion (grpo.learner.forward.expand).
 """
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ class MergedLoader:
         self._served = want
 
 
-def merged_weights(base: dict, adapter: dict, config: dict, dtype) -> dict:
+def merged_weights(base: dict, adapter: dict, config: dict, dtype, rename=None) -> dict:
     """{checkpoint weight name: merged tensor} for every weight the adapter changes, in `dtype`.
 
     `base` holds the checkpoint's tensors by name, `adapter` the peft adapter's tensors by their saved keys
@@ -70,7 +70,9 @@ def merged_weights(base: dict, adapter: dict, config: dict, dtype) -> dict:
     `lora_bias`), with rank and alpha per module from rank_pattern / alpha_pattern as peft resolves them; a
     module of `modules_to_save` becomes the adapter's copy. The sum is taken in float32 and cast to `dtype`,
     never to the checkpoint's: the update of an early step (~1e-5) is below a bf16 weight's resolution, and a
-    bf16 checkpoint served in float32 must carry it as the trainer's float32 forward does.
+    bf16 checkpoint served in float32 must carry it as the trainer's float32 forward does. `rename` maps a
+    module's weight name as the model names it in memory (the adapter's names) to the checkpoint's, where
+    transformers saves them differently (Qwen2-VL, LLaVA).
     """
     import torch
 
@@ -85,6 +87,8 @@ def merged_weights(base: dict, adapter: dict, config: dict, dtype) -> dict:
         if not key.endswith(".lora_A.weight"):
             continue
         module = _module_name(key[: -len(".lora_A.weight")])
+        if rename is not None and module + ".weight" not in base:
+            module = rename(module + ".weight")[: -len(".weight")]
         name = module + ".weight"
         if name not in base:
             raise KeyError(f"the adapter targets {module!r} but the model has no weight {name!r}")
@@ -162,9 +166,19 @@ def _merge_into_worker(worker, model_dir: str, adapter_dir: str | None) -> int:
         config = json.loads((Path(adapter_dir) / "adapter_config.json").read_text())
         adapter = load_file(str(Path(adapter_dir) / "adapter_model.safetensors"))
         # The dtype vLLM holds the weights in (float32 on the CPU, whatever the checkpoint's), not the file's.
-        weights.update(merged_weights(base, adapter, config, worker.model_config.dtype))
+        weights.update(merged_weights(base, adapter, config, worker.model_config.dtype, _renamer(worker, base)))
     worker.model_runner.reload_weights(weights_iterator=iter(weights.items()))
     return len(weights)
+
+
+def _renamer(worker, base: dict):
+    """In-memory weight name -> checkpoint name, through vLLM's own mapper of the model, which reads both."""
+    mapper = getattr(worker.model_runner.get_model(), "hf_to_vllm_mapper", None)
+    if mapper is None:
+        return None
+    by_vllm_name = {mapper.map_name(k): k for k in base}
+    by_vllm_name.pop(None, None)
+    return lambda name: by_vllm_name.get(mapper.map_name(name), name)
 
 
 def _read_checkpoint(model_dir: str) -> dict:

@@ -44,7 +44,60 @@ def image_token_counts(processor, image_grid_thw) -> list[int]:
     return (image_grid_thw.prod(-1) // (merge * merge)).tolist()
 
 
-VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+def image_inputs(processor, images: list) -> tuple[dict, list[int]]:
+    """The model's image inputs (pixel_values, and image_grid_thw for the Qwen-VL families) and how many
+    placeholders each image takes once expanded, as vLLM expands them: one per merged patch (Qwen-VL), else
+    the count the family's processor gives for the image's size (LLaVA: one per patch of the cropped image).
+    """
+    vis = dict(processor.image_processor(images=list(images), return_tensors="pt"))
+    if "image_grid_thw" in vis:
+        return vis, image_token_counts(processor, vis["image_grid_thw"])
+    sizes = [(img.height, img.width) for img in images]
+    return vis, list(processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens)
+
+
+def image_sequences(processor, counts: list[int]) -> list[list[int]]:
+    """The ids each image's compact placeholder becomes, as vLLM expands it: the placeholder once per image
+    token (Qwen-VL, LLaVA), or Gemma 3's whole image sequence: "\\n\\n<start_of_image>", its soft tokens,
+    "<end_of_image>\\n\\n" (newlines then merged with their neighbours: merge_newlines)."""
+    full = getattr(processor, "full_image_sequence", None)
+    if full is None:
+        return [[image_token_id(processor)] * c for c in counts]
+    ids = list(tokenizer_of(processor)(full, add_special_tokens=False)["input_ids"])
+    return [list(ids) for _ in counts]
+
+
+def image_length(processor, image) -> int:
+    """The tokens one image's placeholder becomes (Gemma 3's newline merges may take one or two off)."""
+    return len(image_sequences(processor, image_inputs(processor, [image])[1])[0])
+
+
+def merge_newlines(processor, ids: list[int]) -> tuple[list[int], list[bool]]:
+    """Gemma 3 only, as vLLM's Gemma 3 processor does after expanding: "\\n" and "\\n\\n" tokens side by side
+    become the one token the tokenizer has for three or four newlines. Returns the ids and, per id, whether it
+    is a merge (a new token that none of the input ids was)."""
+    if getattr(processor, "full_image_sequence", None) is None:
+        return ids, [False] * len(ids)
+    vocab = tokenizer_of(processor).get_vocab()
+    n1, n2, n3, n4 = (vocab["\n" * k] for k in (1, 2, 3, 4))
+    out, merged = list(ids), [False] * len(ids)
+    for pair, into in (((n1, n2), n3), ((n2, n1), n3), ((n2, n2), n4)):
+        i, done, flags = 0, [], []
+        while i < len(out):
+            if i + 1 < len(out) and (out[i], out[i + 1]) == pair:
+                done.append(into)
+                flags.append(True)
+                i += 2
+            else:
+                done.append(out[i])
+                flags.append(merged[i])
+                i += 1
+        out, merged = done, flags
+    return out, merged
+
+
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",  # Qwen-VL
+                 "<start_of_image>", "<end_of_image>", "<image_soft_token>")  # Gemma 3
 
 
 def vision_token_ids(processor) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from envs.contract import EnvError, check_env, check_step_result, env_error
 from rollout import runtime
 from rollout.checks import check_choice, check_number
 from rollout.env_threads import EnvThreads
-from rollout.models import image_token_counts
+from rollout.models import image_length
 from rollout.trajectory import RolloutStats, Segment, Trajectory
 
 HISTORY_MODES = ("full", "text", "none")
@@ -343,8 +343,7 @@ class RolloutWorker:
         for img in e.images:
             key = img.size
             if key not in self._image_tokens:
-                grid = self.processor.image_processor(images=[img], return_tensors="pt")["image_grid_thw"]
-                self._image_tokens[key] = image_token_counts(self.processor, grid)[0]
+                self._image_tokens[key] = image_length(self.processor, img)
             extra += self._image_tokens[key] - 1
         return len(e.ids) + extra
 

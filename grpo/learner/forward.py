@@ -14,9 +14,12 @@ import torch
 from rollout.models import (  # noqa: F401  (re-exported: the trainer side reads models through here)
     VISION_TOKENS,
     check_model_dir,
+    image_inputs,
+    image_sequences,
     image_token_counts,
     image_token_id,
     load_processor,
+    merge_newlines,
     tokenizer_of,
     vision_token_ids,
 )
@@ -44,26 +47,38 @@ class Expanded:
 
 
 def expand(processor, ids: list[int], images: list, per_token: list[torch.Tensor] = ()) -> Expanded:
-    """Repeat each image placeholder once per merged patch; image tokens take value 0 in `per_token`."""
+    """Replace each image placeholder with the ids vLLM runs for that image (once per merged patch for the
+    Qwen-VL families: rollout.models.image_sequences); inserted tokens take value 0 in `per_token`."""
     ids_t = torch.as_tensor(ids, dtype=torch.long)
     per_token = [torch.as_tensor(t) for t in per_token]
     if not images:
         return Expanded(ids_t, per_token, None, None)
     pad = image_token_id(processor)
-    n_pads = int((ids_t == pad).sum())
-    if n_pads != len(images):
-        raise ValueError(f"the sequence has {n_pads} image placeholders but {len(images)} images travel with it")
-    vis = processor.image_processor(images=list(images), return_tensors="pt")
-    grid = vis["image_grid_thw"]
-    repeats = torch.ones_like(ids_t)
-    repeats[ids_t == pad] = torch.as_tensor(image_token_counts(processor, grid), dtype=torch.long)
-    out_ids = torch.repeat_interleave(ids_t, repeats)
+    where = (ids_t == pad).nonzero().flatten().tolist()
+    if len(where) != len(images):
+        raise ValueError(f"the sequence has {len(where)} image placeholders but {len(images)} images travel with it")
+    vis, counts = image_inputs(processor, images)
+    out, source, start = [], [], 0
+    for pos, seq in zip(where, image_sequences(processor, counts)):
+        out += list(ids[start:pos]) + seq
+        source += list(range(start, pos)) + [-1] * len(seq)
+        start = pos + 1
+    out, merged = merge_newlines(processor, out + list(ids[start:]))
+    source += list(range(start, len(ids)))
+    if any(merged):  # a merge replaces two tokens by one: the source of its first, then marked inserted
+        kept, j = [], 0
+        for m in merged:
+            kept.append(-1 if m else source[j])
+            j += 2 if m else 1
+        source = kept
+    src = torch.as_tensor(source, dtype=torch.long)
+    inserted = src < 0
     out_pt = []
     for t in per_token:
-        e = torch.repeat_interleave(t, repeats)
-        e[out_ids == pad] = 0
+        e = t[src.clamp(min=0)]
+        e[inserted] = 0
         out_pt.append(e)
-    return Expanded(out_ids, out_pt, vis["pixel_values"], grid)
+    return Expanded(torch.as_tensor(out, dtype=torch.long), out_pt, vis["pixel_values"], vis.get("image_grid_thw"))
 
 
 @dataclass
@@ -72,7 +87,7 @@ class Batch:
     attention_mask: torch.Tensor       # [B, T]
     per_token: list[torch.Tensor]      # each [B, T], zero on padding
     pixel_values: torch.Tensor | None
-    image_grid_thw: torch.Tensor | None
+    image_grid_thw: torch.Tensor | None  # Qwen-VL families only
     image_token_id: int | None
     banned_ids: tuple[int, ...] = ()
 
@@ -80,6 +95,7 @@ class Batch:
         kw = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
         if self.pixel_values is not None:
             kw["pixel_values"] = self.pixel_values
+        if self.image_grid_thw is not None:
             kw["image_grid_thw"] = self.image_grid_thw
         if self.image_token_id is not None:
             # Qwen-VL forwards want the token types (0 text, 1 image) next to the ids.

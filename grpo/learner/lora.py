@@ -32,24 +32,33 @@ class LoraConfig:
         require(self, "target_modules", len(self.target_modules) > 0 and all(
             isinstance(t, str) and t for t in self.target_modules), "a non-empty list of module names")
 
-    def peft_config(self):
+    def peft_config(self, exclude: list[str] | None = None):
         from peft import LoraConfig
 
         return LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
-                          target_modules=list(self.target_modules), bias="none")
+                          target_modules=list(self.target_modules), bias="none", exclude_modules=exclude)
 
 
 def apply_lora(model, settings: LoraConfig):
     """Wrap `model` with a fresh adapter; every base weight is frozen, only LoRA weights train."""
     from peft import get_peft_model
 
-    peft_model = get_peft_model(model, settings.peft_config())
+    peft_model = get_peft_model(model, settings.peft_config(_outside_language_model(model, settings)))
     trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
     if not trainable:
         raise ValueError(
             f"LoRA matched no module of {type(model).__name__}: target_modules={list(settings.target_modules)}; "
             "name the linear layers of the model's decoder (print(model) lists them)")
     return peft_model
+
+
+def _outside_language_model(model, settings: LoraConfig) -> list[str] | None:
+    """Modules the target names also match outside the language model (Qwen2.5-VL's vision MLPs, a CLIP
+    tower's attention in LLaVA): vLLM serves adapters on the language model only."""
+    inside = {id(m) for m in model.get_decoder().modules()}
+    names = [n for n, m in model.named_modules()
+             if n.rsplit(".", 1)[-1] in settings.target_modules and id(m) not in inside]
+    return names or None
 
 
 def adapter_tensors(peft_model) -> dict[str, torch.Tensor]:

@@ -6,7 +6,10 @@ Starts vLLM with LoRA on a vision-language model (the tiny Qwen3-VL unless --mod
 from an image prompt with a published adapter and compares vLLM's per-token logprobs with transformers +
 peft's for the same adapter; then publishes a second version, hot-loads it under a new LoRA name and id and
 checks that vLLM now serves the new adapter, also on a prompt longer than one KV-cache block that the old
-version already put in the prefix cache. Exits 1 with what is wrong and how to fix it when a check fails.
+version already put in the prefix cache. With --model DIR (any local model folder, text or vision) it also
+runs the support matrix of grpo.tools.model_check on it (merged and LoRA serving, a GRPO step, the published
+adapter, the chat template's multi-turn ids) and says whether that model is supported. Exits 1 with what is
+wrong and how to fix it when a check fails.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-TOLERANCE = 1e-4
+from grpo.tools.model_check import TOLERANCE  # one bar for the doctor and the matrix
+
 PACKAGES = ("torch", "vllm", "transformers", "peft", "ray")
 
 
@@ -96,8 +100,8 @@ def run(model_path: str | None, run_dir: Path, log) -> dict:
     report["model"] = str(model_path)
     processor = forward.load_processor(model_path)
     if forward.image_token_id(processor) is None:
-        report["problems"] = [f"{model_path} is not a vision-language model (its processor has no image "
-                              "token): the doctor proves the image path; pass --model a Qwen-VL folder"]
+        # A text model: there is no image path to prove; the matrix (main, --model) checks it.
+        report["problems"] = []
         return report
 
     settings = lora.LoraConfig(rank=8, alpha=16.0)
@@ -172,10 +176,27 @@ def engine_request(prompt_ids, images):
     return Request(prompt_ids=list(prompt_ids), images=list(images))
 
 
+def _matrix(model_path: str, run_dir: Path, log) -> dict:
+    """The support matrix on a user's model folder, check by check."""
+    from grpo.tools import model_check
+
+    result = model_check.check_model(model_path, run_dir / "matrix", log)
+    f = result["figures"]
+    for name, ok in result["checks"].items():
+        log(f"{'PASS' if ok else 'FAIL'} {name}" + ("" if ok else f": {model_check.FIXES[name]}"))
+    if "gap_merged" in f:
+        log(f"max |vLLM - transformers+peft| logprob: merged {f['gap_merged']:.2e}, LoRA {f['gap_lora']:.2e}; "
+            f"re-rendering the conversation gives the same ids: {f['rerender_same']}")
+    log(f"{model_path} ({f.get('architecture', '?')}) is " + (
+        "supported: every check passes" if result["ok"] else "NOT supported: see the failed checks"))
+    return result
+
+
 def main(argv: list[str] | None = None, prog: str = "grpo doctor") -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="end with one JSON object on the last line")
-    ap.add_argument("--model", help="a local vision-language model folder (default: build the tiny Qwen3-VL)")
+    ap.add_argument("--model", help="a local model folder to check for support (default: build the tiny Qwen3-VL "
+                    "and prove the stack on it)")
     ap.add_argument("--run-dir", default="runs/doctor", help="where models, adapters and caches go")
     a = ap.parse_args(argv)
     run_dir = Path(a.run_dir).resolve()
@@ -187,10 +208,13 @@ def main(argv: list[str] | None = None, prog: str = "grpo doctor") -> int:
     t = time.perf_counter()
     try:
         report = run(a.model, run_dir, log)
+        if a.model and not report.get("problems"):
+            report["matrix"] = _matrix(a.model, run_dir, log)
+            report["problems"] = report["matrix"]["problems"]
     except (FileNotFoundError, ValueError) as e:
         report = {"problems": [str(e)]}
     report["wall_s"] = round(time.perf_counter() - t, 1)
-    report["ok"] = not report.get("problems") and bool(report.get("hotload_ok"))
+    report["ok"] = not report.get("problems") and bool(report.get("hotload_ok") or report.get("matrix", {}).get("ok"))
     for p in report.get("problems", []):
         log(f"PROBLEM: {p}")
     log("all checks passed" if report["ok"] else "FAILED")

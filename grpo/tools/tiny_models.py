@@ -117,28 +117,28 @@ PRESETS = {
 
 def build_tokenizer(vocab_size: int):
     """A byte-level BPE trained on a fixed corpus, wrapped as a PreTrainedTokenizerFast."""
+    return family_tokenizer(
+        vocab_size, SPECIAL_TOKENS, CHAT_TEMPLATE, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        extra_special_tokens={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
+                              "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>"},
+    )
+
+
+def family_tokenizer(vocab_size: int, special: list[str], template: str, added: list[str] = (), **named):
+    """build_tokenizer's byte-level BPE on the same corpus, with a family's special tokens and chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(SPECIAL_TOKENS),
-        min_frequency=1,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(special) - len(added), min_frequency=1,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE,
-        extra_special_tokens={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
-                              "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>"},
-    )
+    tok.add_special_tokens(special)
+    if added:
+        tok.add_tokens(list(added))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=template, **named)
 
 
 def _vocab_size(tokenizer) -> int:
@@ -253,8 +253,12 @@ def build(kind: str, out: str | Path, seed: int = 0, preset: str = "tiny", dtype
         raise ValueError(f"unknown tiny model preset {preset!r}: use one of {sorted(PRESETS)}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown tiny model dtype {dtype!r}: use one of {list(DTYPES)}")
-    out = Path(out)
     stamp = {"kind": kind, "seed": seed, "preset": asdict(PRESETS[preset]), "dtype": dtype}
+    return build_once(Path(out), stamp, lambda tmp: BUILDERS[kind](tmp, seed, PRESETS[preset], dtype))
+
+
+def build_once(out: Path, stamp: dict, make) -> Path:
+    """`make(folder)` builds a model into a folder; `out` is reused when it already holds the build `stamp`."""
     marker = out / "tiny_model.json"
     if marker.exists() and json.loads(marker.read_text()) == stamp:
         return out
@@ -263,7 +267,7 @@ def build(kind: str, out: str | Path, seed: int = 0, preset: str = "tiny", dtype
     if tmp.exists():
         import shutil
         shutil.rmtree(tmp)
-    BUILDERS[kind](tmp, seed, PRESETS[preset], dtype)
+    make(tmp)
     (tmp / "tiny_model.json").write_text(json.dumps(stamp, sort_keys=True))
     if out.exists():
         import shutil
