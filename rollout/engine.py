@@ -16,7 +16,7 @@ from rollout import runtime
 from rollout.checks import check_bool, check_choice, check_number
 from rollout.hotload import HotLoader, LoadedAdapter
 from rollout.merged import MergedLoader
-from rollout.models import check_model_dir, vision_token_ids
+from rollout.models import check_exact, check_model_dir, vision_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,7 @@ class Engine:
 
         self.cfg = cfg
         cuda = runtime.has_cuda()
+        check_exact(cfg.model, "cuda" if cuda else "cpu")
         dtype = runtime.default_dtype() if cfg.dtype == "auto" else cfg.dtype
         kwargs = dict(
             model=cfg.model, dtype=dtype, max_model_len=cfg.max_model_len, seed=cfg.seed,

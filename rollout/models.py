@@ -1,6 +1,7 @@
 """Model folders as both sides read them: the processor (or tokenizer), its image tokens, clear errors."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -110,3 +111,21 @@ def vision_token_ids(processor) -> tuple[int, ...]:
             ids.add(i)
     ids.discard(None)
     return tuple(sorted(ids))
+
+
+# Architectures whose served logprobs the trainer does not reproduce on a device, and why (docs/models.md).
+NOT_EXACT = {
+    ("Gemma3ForConditionalGeneration", "cuda"): "vLLM's GPU attention attends Gemma 3's image tokens "
+    "bidirectionally while the trainer attends them causally (it passes no token_type_ids)",
+}
+
+
+def check_exact(model_path: str | Path, device: str) -> None:
+    """Refuse a model the trainer would score differently from what vLLM samples on `device`."""
+    config = json.loads((check_model_dir(model_path) / "config.json").read_text())
+    for arch in config.get("architectures") or ():
+        why = NOT_EXACT.get((arch, device))
+        if why:
+            raise ValueError(f"{arch} on {device} is not supported yet: {why}, so the trainer would not score "
+                             "what vLLM sampled. Run it on the CPU, or see docs/models.md for the families that "
+                             "train exactly")

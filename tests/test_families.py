@@ -121,3 +121,17 @@ def test_family_passes_the_matrix_as_the_table_says(name, session_dir, tmp_path)
             assert _same_magnitude(measured[column], documented[column]), (column, measured, documented)
         else:
             assert measured[column] == documented[column], (column, measured, documented)
+
+
+def test_a_family_that_is_not_exact_on_a_device_is_refused_there(tmp_path):
+    import json
+
+    from rollout.models import check_exact
+
+    for arch in ("Gemma3ForConditionalGeneration", "Qwen3VLForConditionalGeneration"):
+        (tmp_path / arch).mkdir()
+        (tmp_path / arch / "config.json").write_text(json.dumps({"architectures": [arch]}))
+        check_exact(tmp_path / arch, "cpu")
+    check_exact(tmp_path / "Qwen3VLForConditionalGeneration", "cuda")
+    with pytest.raises(ValueError, match="Gemma3ForConditionalGeneration on cuda is not supported yet.*docs/models.md"):
+        check_exact(tmp_path / "Gemma3ForConditionalGeneration", "cuda")
