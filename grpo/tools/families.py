@@ -11,6 +11,7 @@ on them; docs/models.md is its table.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,7 +173,7 @@ def build_text(spec: TextSpec, out: Path, seed: int = 0, dtype: str = "float32")
     tok = tiny_models.family_tokenizer(p.vocab_size, spec.special, spec.template, spec.added, **spec.tokens)
     kwargs = tiny_models._text_config_kwargs(p, tok)
     kwargs.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                  **spec.config)
+                  **copy.deepcopy(spec.config))  # a config may rewrite its rope dicts: the spec stays as written
     config = getattr(transformers, spec.config_class)(**kwargs)
     config.architectures = [spec.model_class]
     torch.manual_seed(seed)
@@ -207,10 +208,7 @@ TEXT_SPECS = {
         "Gemma3TextConfig", "Gemma3ForCausalLM",
         ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"], GEMMA3_TEMPLATE,
         {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}, "<end_of_turn>",
-        config={"query_pre_attn_scalar": 32, "sliding_window": 512,
-                "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True,
-                "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}}),
+        config=tiny_models.GEMMA3_TEXT),
     "mistral": TextSpec(
         "MistralConfig", "MistralForCausalLM", ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"], MISTRAL_TEMPLATE,
         # No pad token either; <unk> pads, as many Mistral fine-tunes set it.

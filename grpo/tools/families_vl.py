@@ -9,6 +9,7 @@ with a fixed image sequence around its soft tokens (rollout.models.image_sequenc
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from grpo.tools import tiny_models
@@ -218,12 +219,8 @@ def build_gemma3_vl(out: Path, seed: int = 0, dtype: str = "float32") -> Path:
         extra_special_tokens={"image_token": "<image_soft_token>", "boi_token": "<start_of_image>",
                               "eoi_token": "<end_of_image>"})
     text = tiny_models._text_config_kwargs(p, tokenizer)
-    # The text family's settings (grpo.tools.families' gemma3), which this module cannot import: it imports us.
     text.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id, query_pre_attn_scalar=32, sliding_window=512,
-                layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=True,
-                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})
+                pad_token_id=tokenizer.pad_token_id, **copy.deepcopy(tiny_models.GEMMA3_TEXT))
     ids = {key: tokenizer.convert_tokens_to_ids(tok) for key, tok in [
         ("boi_token_index", "<start_of_image>"), ("eoi_token_index", "<end_of_image>"),
         ("image_token_index", "<image_soft_token>")]}

@@ -124,6 +124,14 @@ def build_tokenizer(vocab_size: int):
     )
 
 
+# Gemma 3's language-model settings beside the preset's sizes: one value each for the text family
+# (grpo.tools.families) and the vision one (grpo.tools.families_vl), which cannot import each other both ways.
+GEMMA3_TEXT = {"query_pre_attn_scalar": 32, "sliding_window": 512,
+               "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True,
+               "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}}
+
+
 def family_tokenizer(vocab_size: int, special: list[str], template: str, added: list[str] = (), **named):
     """build_tokenizer's byte-level BPE on the same corpus, with a family's special tokens and chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
