@@ -12,11 +12,9 @@ from pathlib import Path
 import torch
 
 from rollout.models import (  # noqa: F401  (re-exported: the trainer side reads models through here)
-    VISION_TOKENS,
     check_model_dir,
     image_inputs,
     image_sequences,
-    image_token_counts,
     image_token_id,
     load_processor,
     merge_newlines,

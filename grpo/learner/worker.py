@@ -99,8 +99,7 @@ class TrainWorker:
             # single rank takes every core: Ray starts a 1-CPU actor with one thread, and the rollout engine idles
             # while the trainer runs.
             threads = cpu_threads if cpu_threads is not None else (1 if world_size > 1 else os.cpu_count() or 1)
-            if threads is not None:
-                torch.set_num_threads(threads)
+            torch.set_num_threads(threads)
         dtype_name = runtime.default_dtype() if dtype == "auto" else dtype
         # Same seed on every rank: each initialises the adapter identically before FSDP keeps its shard.
         torch.manual_seed(self.train.seed)
