@@ -90,3 +90,26 @@ class RolloutStats:
         d = dict(self.__dict__)
         d["tokens_per_s"] = self.tokens_per_s
         return d
+
+
+def merge_stats(parts: list[RolloutStats], sequential: bool = False) -> RolloutStats:
+    """One batch's stats from its parts: the slices that workers ran at the same time (the batch took as long
+    as the slowest part), or with `sequential` the draws that ran one after another (their times add up)."""
+    if len(parts) == 1:
+        return parts[0]
+    episodes = sum(p.episodes for p in parts)
+    weighted = lambda attr: sum(getattr(p, attr) * p.episodes for p in parts) / max(episodes, 1)  # noqa: E731
+    took = sum if sequential else max
+    reasons: dict = {}
+    for p in parts:
+        for k, v in p.stop_reasons.items():
+            reasons[k] = reasons.get(k, 0) + v
+    return RolloutStats(
+        episodes=episodes, turns=sum(p.turns for p in parts),
+        generated_tokens=sum(p.generated_tokens for p in parts), prompt_tokens=sum(p.prompt_tokens for p in parts),
+        engine_calls=sum(p.engine_calls for p in parts), wall_s=took(p.wall_s for p in parts),
+        engine_s=took(p.engine_s for p in parts), success_rate=weighted("success_rate"),
+        mean_reward=weighted("mean_reward"), mean_turns=weighted("mean_turns"),
+        parse_errors=sum(p.parse_errors for p in parts), stop_reasons=reasons,
+        env_s=took(p.env_s for p in parts), env_retries=sum(p.env_retries for p in parts),
+    )

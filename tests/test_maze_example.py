@@ -83,3 +83,52 @@ def test_ablation_curve_and_table_from_a_summary():
     assert ablate.eval_curve(summary) == [(0, 0.4375), (2, 0.5), (4, 0.75), (6, 0.96875)]
     row = ablate.table({"outcome": summary}).splitlines()[-1]
     assert row == "| outcome | 43.8% | 96.9% | 90.6% | 39.1% -> 93.8% | 25.0% -> 75.0% | 412 s |"
+
+
+def test_seed_runs_change_sampling_training_mazes_and_initialisation():
+    from examples.maze import seeds
+
+    configs = [RunConfig.from_yaml(HERE / "cpu.yaml", seeds.seed_flags(s)) for s in range(3)]
+    assert [(c.seed, c.train_seed_offset, c.train.seed) for c in configs] == [
+        (0, 1_000_000, 0), (1, 2_000_000, 1), (2, 3_000_000, 2)]
+    default = RunConfig.from_yaml(HERE / "cpu.yaml")  # seed 0 is make maze's run
+    assert (default.seed, default.train_seed_offset, default.train.seed) == (0, 1_000_000, 0)
+
+
+def _seed_run(reached_at):
+    """Step records of a run that evaluated at steps 2 and 4 (and reached 95% at `reached_at`, or not)."""
+    evals = {2: 0.9 if reached_at != 2 else 0.953125, 4: 0.96875 if reached_at == 4 else 0.921875}
+    metrics = [{"step": s, "rollout": {"groups_drawn": 16 + 8 * s, "groups_trained": 16 - s},
+                **({"eval": {"success_rate": evals[s]}, "wall_s": 100.0 * s} if s in evals else {})}
+               for s in (1, 2, 3, 4)]
+    summary = {"eval_before": 0.40625, "eval_after": evals[4] if reached_at != 2 else evals[2],
+               "unseen_after": 0.9375, "steps": 4 if reached_at != 2 else 2, "grpo_wall_s": 450.0,
+               "evals": {str(s): {"success_rate": v} for s, v in evals.items()}}
+    return summary, metrics
+
+
+def test_seed_table_gives_each_seed_and_the_spread_over_seeds():
+    from examples.maze import seeds
+
+    runs = {0: _seed_run(4), 1: _seed_run(None)}
+    assert seeds.reached(runs[0][1], 0.95) == {"step": 4, "wall_s": 400.0, "groups_drawn": 24 + 32 + 40 + 48}
+    assert seeds.reached(runs[1][1], 0.95) == {"step": None, "wall_s": None, "groups_drawn": None}
+    rows = [seeds.row(s, summary, metrics, 0.95) for s, (summary, metrics) in runs.items()]
+    assert rows[0]["groups_drawn"] == 144 and rows[0]["groups_trained"] == 54 and rows[0]["draws_per_kept_group"] == 2.67
+    lines = seeds.table(rows, 16).splitlines()
+    assert lines[2] == ("| 0 | 0: 40.6%, 2: 90.0%, 4: 96.9% | 4 | 400 s | 96.9% | 93.8% | 144 / 54 (2.67) |")
+    assert lines[3].startswith("| 1 | 0: 40.6%, 2: 90.0%, 4: 92.2% | not reached | - | 92.2% |")
+    assert lines[4].startswith("| 1 of 2 reached 95% | | median 4.0, mean 4.0, 4.0-4.0 | median 400.0 s")
+    assert "median 94.5%, mean 94.5%, 92.2-96.9%" in lines[4]
+
+
+def test_seed_table_goes_between_the_readme_markers(tmp_path):
+    from examples.maze import seeds
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{seeds.BEGIN}\nold\n{seeds.END}\n\nafter\n")
+    seeds.write_docs("| new |", readme)
+    assert readme.read_text() == f"# x\n\n{seeds.BEGIN}\n| new |\n{seeds.END}\n\nafter\n"
+    readme.write_text("# no markers\n")
+    with pytest.raises(ValueError, match="maze-seeds"):
+        seeds.write_docs("| new |", readme)

@@ -17,3 +17,10 @@ def test_a_step_that_trained_nothing_has_no_mismatch_reading():
     # What TrainWorker.train_step returns when every group was dropped (no generated token to train).
     shown = postfix(_record({"step": 3.0, "lr": 1e-3, "skipped": 1.0, "updates": 0.0}))
     assert shown["mismatch"] == "none"
+
+
+def test_a_step_that_drew_more_groups_shows_how_many_it_trained_on():
+    record = _record({"sampler_abs_diff": 1e-7})
+    assert "groups" not in postfix(record)
+    record["rollout"].update(groups_drawn=40, groups_trained=16, draw_rounds=2)
+    assert postfix(record)["groups"] == "16/40"

@@ -1,6 +1,7 @@
 """Group-relative advantages: each episode's reward against the other episodes of the same task (no critic)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
@@ -39,6 +40,16 @@ def group_advantages(rewards: torch.Tensor, config: AlgorithmConfig) -> GroupAdv
     adv = torch.where(zero_signal[:, None], torch.zeros_like(adv), adv)
     keep = ~zero_signal if config.drop_zero_signal_groups else torch.ones_like(zero_signal)
     return GroupAdvantages(advantages=adv, zero_signal=zero_signal, keep=keep)
+
+
+def next_draw(wanted: int, with_signal: int, drawn: int, cap: int) -> int:
+    """Dynamic sampling: how many more tasks to draw once `drawn` tasks gave `with_signal` groups with signal,
+    to reach `wanted` of them without passing `cap` draws in all; 0 when done. The next draw assumes the rate
+    seen so far holds (at least one in `cap`: a step that found none yet draws the rest of its cap at once)."""
+    if with_signal >= wanted or drawn >= cap:
+        return 0
+    rate = max(with_signal / drawn, 1 / cap)
+    return min(cap - drawn, math.ceil((wanted - with_signal) / rate - 1e-9))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,12 @@ class AlgorithmConfig:
     baseline: str = "mean"  # "mean" | "leave_one_out" (each episode's baseline excludes itself, RLOO)
     eps: float = 1e-6  # added to the group's std before dividing by it
     drop_zero_signal_groups: bool = False  # groups whose rewards are all equal: keep (advantage 0) or drop
+    # DAPO's dynamic sampling: a step keeps drawing new tasks until `tasks_per_step` groups carry signal
+    # (rewards not all equal), so every step trains on a full batch; needs drop_zero_signal_groups.
+    dynamic_sampling: bool = False
+    # The cap on a step's draws with dynamic_sampling: at most this many times `tasks_per_step` tasks; a step
+    # that reaches it trains on the groups with signal it found (logged as rollout/groups_trained).
+    max_draw_factor: int = 4
     clip_low: float = 0.2  # the ratio is clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.28  # clip-higher (DAPO): more room for raising unlikely tokens, against collapse
     dual_clip: Optional[float] = None  # c > 1: bounds a negative advantage's loss at c * |A| (dual-clip PPO)
@@ -50,6 +56,13 @@ class AlgorithmConfig:
         check_choice(self, "baseline", ("mean", "leave_one_out"))
         check_number(self, "eps", gt=0)
         check_bool(self, "drop_zero_signal_groups")
+        check_bool(self, "dynamic_sampling")
+        check_number(self, "max_draw_factor", integer=True, ge=1, hint="e.g. 4: up to 4 x tasks_per_step tasks a step")
+        require(
+            self, "dynamic_sampling", not self.dynamic_sampling or self.drop_zero_signal_groups,
+            "True only with algorithm.drop_zero_signal_groups: true: dynamic sampling replaces the groups with "
+            "equal rewards by new ones, so those groups must be dropped; set both",
+        )
         check_number(self, "clip_low", ge=0, lt=1, hint="the ratio's lower bound 1 - clip_low must stay positive")
         check_number(self, "clip_high", ge=0)
         check_number(self, "dual_clip", gt=1, optional=True, hint="e.g. 3.0")

@@ -109,7 +109,8 @@ def evaluate(cfg, adapter: str | None, seeds: list[int], samples: int = 1, home:
 def _rollout_like_the_pool(worker, tasks, samples: int, cfg):
     """The trainer's RolloutPool hands each of its workers a contiguous slice of the seeds, one rollout call
     each: the same slices, one after another here, so every engine call batches the same episodes."""
-    from grpo.driver.rollout_pool import merge_stats, split
+    from grpo.driver.rollout_pool import split
+    from rollout.trajectory import merge_stats
 
     trajs, parts = [], []
     for _, part in split(tasks, cfg.cluster.rollout_workers):

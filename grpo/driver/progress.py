@@ -32,6 +32,8 @@ def postfix(record: dict) -> dict[str, str]:
     shown = {"reward": f"{r['mean_reward']:.2f}", "success": f"{r['success_rate']:.0%}",
              "turns": f"{r['mean_turns']:.1f}", "mismatch": "none" if mismatch is None else f"{mismatch:.1e}",
              "step_s": f"{record['time']['step_s']:.1f}"}
+    if r.get("draw_rounds", 1) > 1:  # dynamic sampling drew more: the groups trained of those drawn
+        shown["groups"] = f"{r['groups_trained']}/{r['groups_drawn']}"
     if "eval" in record:
         shown["eval"] = f"{record['eval']['success_rate']:.0%}"
     return shown

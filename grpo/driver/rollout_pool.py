@@ -7,7 +7,7 @@ import os
 
 from grpo.driver.fault import Fault, arm, gather
 from rollout.engine import EngineConfig
-from rollout.trajectory import RolloutStats, Trajectory
+from rollout.trajectory import RolloutStats, Trajectory, merge_stats
 from rollout.worker import RolloutConfig, RolloutWorker, Task
 
 
@@ -88,23 +88,3 @@ def split(tasks: list[Task], n: int) -> list[tuple[int, list[Task]]]:
     empty when there are fewer tasks than workers)."""
     bounds = [len(tasks) * k // n for k in range(n + 1)]
     return [(bounds[k], tasks[bounds[k]:bounds[k + 1]]) for k in range(n)]
-
-
-def merge_stats(parts: list[RolloutStats]) -> RolloutStats:
-    if len(parts) == 1:
-        return parts[0]
-    episodes = sum(p.episodes for p in parts)
-    weighted = lambda attr: sum(getattr(p, attr) * p.episodes for p in parts) / max(episodes, 1)  # noqa: E731
-    reasons: dict = {}
-    for p in parts:
-        for k, v in p.stop_reasons.items():
-            reasons[k] = reasons.get(k, 0) + v
-    return RolloutStats(
-        episodes=episodes, turns=sum(p.turns for p in parts),
-        generated_tokens=sum(p.generated_tokens for p in parts), prompt_tokens=sum(p.prompt_tokens for p in parts),
-        engine_calls=sum(p.engine_calls for p in parts), wall_s=max(p.wall_s for p in parts),
-        engine_s=max(p.engine_s for p in parts), success_rate=weighted("success_rate"),
-        mean_reward=weighted("mean_reward"), mean_turns=weighted("mean_turns"),
-        parse_errors=sum(p.parse_errors for p in parts), stop_reasons=reasons,
-        env_s=max(p.env_s for p in parts), env_retries=sum(p.env_retries for p in parts),
-    )

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from grpo.algo.advantages import group_advantages, step_advantages
+from grpo.algo.advantages import group_advantages, next_draw, step_advantages
 from grpo.config import RunConfig
 from grpo.driver import session
 from grpo.driver.callbacks import CallbackList
@@ -38,6 +38,7 @@ from grpo.report.metrics import MetricsSink, drop_steps_after, json_safe
 from grpo.report.samples import SampleWriter, pick, reward_components
 from grpo.report.table import summary_rows, table
 from rollout import runtime
+from rollout.trajectory import merge_stats
 from rollout.worker import Task
 
 
@@ -105,6 +106,7 @@ class Trainer:
                 record, trajs = self._train_step(step, sampler, plan)
                 if cfg.eval.every and step % cfg.eval.every == 0:
                     record["eval"] = state.evals[str(step)] = self.evaluate(label=f"step {step}")
+                record["wall_s"] = time.time() - state.started  # the run's clock, over all its processes
                 self._record_episodes(step, trajs, record)
                 self.callbacks.call("on_step_end", self, record)
                 self.sink.log(record)
@@ -125,14 +127,9 @@ class Trainer:
 
     def _train_step(self, step: int, sampler: TaskSampler, plan: InjectionPlan) -> tuple[dict, list]:
         """Rollouts, advantages, the update and the new adapter served: the step's record and episodes."""
-        cfg, state, phase = self.config, self.state, self.callbacks.phase
+        state, phase = self.state, self.callbacks.phase
         t0 = time.perf_counter()
-        tasks, faults = sampler.take(cfg.tasks_per_step), plan.take(step, "rollout")
-        with phase(self, "rollout"):
-            trajs, rstats = self.pool.rollout(tasks, cfg.group_size, cfg.rollout, faults=faults)
-        self._check_versions(trajs, state.version)
-        with phase(self, "advantages"):
-            adv, kept, credit = self._advantages(trajs)
+        trajs, rstats, adv, kept, credit = self._sample(step, sampler, plan)
         t1 = time.perf_counter()
         with phase(self, "sleep"):
             self.pool.sleep()
@@ -149,9 +146,40 @@ class Trainer:
         t3 = time.perf_counter()
         state.step, state.cursor = step, sampler.cursor
         record = {"step": step, "rollout_adapter_version": rstats_version(trajs), "adapter_version": state.version,
-                  "rollout": rstats.as_dict(), "train": tstats, **credit,
+                  "rollout": rstats, "train": tstats, **credit,
                   "time": {"rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0}}
         return record, trajs
+
+    def _sample(self, step: int, sampler: TaskSampler, plan: InjectionPlan) -> tuple:
+        """The step's episodes and their advantages: one draw of `tasks_per_step` tasks, or with dynamic sampling
+        more draws until that many groups carry signal (at most max_draw_factor x tasks_per_step tasks); the
+        step trains on the first `tasks_per_step` groups with signal in draw order. Returns every episode
+        drawn, their merged stats, the advantages, the indices of the episodes trained on and the credit
+        figures (the group counts among them)."""
+        cfg, algo, phase = self.config, self.config.algorithm, self.callbacks.phase
+        g, wanted = cfg.group_size, cfg.tasks_per_step
+        cap = wanted * algo.max_draw_factor if algo.dynamic_sampling else wanted
+        trajs, parts, faults, n = [], [], plan.take(step, "rollout"), wanted
+        while n:
+            with phase(self, "rollout"):
+                part, stats = self.pool.rollout(sampler.take(n), g, cfg.rollout, faults=faults)
+            for t in part:
+                t.group_id += len(trajs) // g
+            trajs, faults = trajs + part, []
+            parts.append(stats)
+            self._check_versions(part, self.state.version)
+            with phase(self, "advantages"):
+                adv, kept, credit = self._advantages(trajs)
+            groups = sorted({i // g for i in kept})
+            n = next_draw(wanted, len(groups), len(trajs) // g, cap) if algo.dynamic_sampling else 0
+        if algo.dynamic_sampling:
+            chosen = set(groups[:wanted])
+            kept = [i for i in kept if i // g in chosen]
+        drawn, trained = len(trajs) // g, len({i // g for i in kept})
+        rstats = merge_stats(parts, sequential=True).as_dict()
+        rstats.update(groups_drawn=drawn, groups_trained=trained, draw_rounds=len(parts),
+                      draws_per_kept_group=drawn / trained if trained else None)
+        return trajs, rstats, adv, kept, credit
 
     def evaluate(self, seeds=None, label: str = "eval") -> dict:
         """Greedy episodes on the fixed evaluation seeds with the adapter the workers serve now; every episode

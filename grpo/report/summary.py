@@ -49,9 +49,11 @@ def mechanism(metrics_path: str | Path, tasks_per_step: int, eval_before: dict, 
     out: dict = {}
     for name, step in (("first_step", min(records, default=None)), ("last_step", max(records, default=None))):
         record = records.get(step, {})
-        zero = record.get("zero_signal_groups")
-        out[f"{name}_rollout_success"] = record.get("rollout", {}).get("success_rate")
-        out[f"zero_signal_share_{name}"] = None if zero is None else round(zero / tasks_per_step, 4)
+        zero, rollout = record.get("zero_signal_groups"), record.get("rollout", {})
+        # Dynamic sampling draws more groups than tasks_per_step: the share is of the groups drawn.
+        drawn = rollout.get("groups_drawn", tasks_per_step)
+        out[f"{name}_rollout_success"] = rollout.get("success_rate")
+        out[f"zero_signal_share_{name}"] = None if zero is None else round(zero / drawn, 4)
     out["eval_before_outcomes"] = eval_before.get("outcomes")
     out["eval_after_outcomes"] = eval_after.get("outcomes")
     return out

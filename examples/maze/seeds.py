@@ -1,0 +1,159 @@
+"""The maze recipe over several training seeds: does `make maze`'s result hold, or did one seed get lucky?
+
+    python -m examples.maze.seeds                  # seeds 0-4: runs/maze_seeds/seed{0..4}/, seeds.png, seeds.md
+    python -m examples.maze.seeds --seeds 1,2      # some; extra `--section.field VALUE` go to every run
+    python -m examples.maze.seeds --docs           # also writes the table and the PNG into the maze docs
+
+Seed S changes all three sources of chance: the engine's sampling (`--seed S`), the training mazes
+(`--train_seed_offset (S + 1) x 1e6`, seed 0 draws what `make maze` draws) and the adapter's initialisation
+(`--train.seed S`). Each run is `make maze`'s (examples/maze/cpu.yaml): it stops at the 95% target. A seed
+whose folder holds a summary.json is not run again (delete the folder to rerun it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from envs.seeds import parse_seeds
+from examples.maze import maze_config as mc
+from examples.maze.ablate import _pct, eval_curve
+
+HERE = Path(__file__).resolve().parent
+README = HERE / "README.md"
+PNG = HERE / "seeds.png"
+BEGIN, END = "<!-- maze-seeds -->", "<!-- /maze-seeds -->"
+
+
+def seed_flags(seed: int) -> list[str]:
+    return ["--seed", str(seed), "--train_seed_offset", str((seed + 1) * 1_000_000), "--train.seed", str(seed)]
+
+
+def reached(metrics: list[dict], target: float) -> dict:
+    """The first periodic eval at or above `target`: its step, the run's wall time then and the groups drawn
+    up to then (None when no eval reached it)."""
+    for record in metrics:
+        if record.get("eval", {}).get("success_rate", 0) >= target:
+            drawn = sum(r["rollout"].get("groups_drawn", 0) for r in metrics if r["step"] <= record["step"])
+            return {"step": record["step"], "wall_s": record.get("wall_s"), "groups_drawn": drawn}
+    return {"step": None, "wall_s": None, "groups_drawn": None}
+
+
+def step_lines(run_dir: Path) -> list[dict]:
+    """The run's step records, the last line of each step (a step run again after a restart logs twice)."""
+    from grpo.report.summary import step_records
+
+    return [r for _, r in sorted(step_records(run_dir / "metrics.jsonl").items())]
+
+
+def row(seed: int, summary: dict, metrics: list[dict], target: float) -> dict:
+    hit = reached(metrics, target)
+    drawn = sum(r["rollout"].get("groups_drawn", 0) for r in metrics)
+    trained = sum(r["rollout"].get("groups_trained", 0) for r in metrics)
+    return {"seed": seed, "curve": eval_curve(summary), "eval_after": summary["eval_after"],
+            "unseen_after": summary.get("unseen_after"), "steps": summary["steps"],
+            "grpo_wall_s": summary["grpo_wall_s"], "reached_step": hit["step"], "reached_wall_s": hit["wall_s"],
+            "groups_drawn": drawn, "groups_trained": trained,
+            "draws_per_kept_group": round(drawn / trained, 2) if trained else None}
+
+
+def table(rows: list[dict], tasks_per_step: int) -> str:
+    """One line per seed, then the mean and spread of each column over the seeds."""
+    lines = ["| seed | greedy success at each eval (step: %) | steps to 95% | wall to 95% | after | unseen after "
+             "| groups drawn / trained (draws per trained group) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        curve = ", ".join(f"{step}: {value:.1%}" for step, value in r["curve"])
+        lines.append(f"| {r['seed']} | {curve} | {r['reached_step'] or 'not reached'} | {_secs(r['reached_wall_s'])} "
+                     f"| {r['eval_after']:.1%} | {_pct(r['unseen_after'])} | {r['groups_drawn']} / "
+                     f"{r['groups_trained']} ({r['draws_per_kept_group']}) |")
+    hits = [r for r in rows if r["reached_step"] is not None]
+    lines.append(f"| {len(hits)} of {len(rows)} reached 95% | | {_spread([r['reached_step'] for r in hits], '')} "
+                 f"| {_spread([r['reached_wall_s'] for r in hits], ' s')} "
+                 f"| {_spread([100 * r['eval_after'] for r in rows], '%')} "
+                 f"| {_spread([100 * r['unseen_after'] for r in rows if r['unseen_after'] is not None], '%')} "
+                 f"| {sum(r['groups_drawn'] for r in rows)} drawn for {sum(r['groups_trained'] for r in rows)} "
+                 f"trained ({tasks_per_step} a step without dynamic sampling) |")
+    return "\n".join(lines)
+
+
+def _secs(value) -> str:
+    return "-" if value is None else f"{value:.0f} s"
+
+
+def _spread(values: list[float], unit: str) -> str:
+    """Median, mean and range: with 5 seeds a median and the extremes say more than a standard deviation."""
+    if not values:
+        return "-"
+    return (f"median {statistics.median(values):.1f}{unit}, mean {statistics.mean(values):.1f}{unit}, "
+            f"{min(values):.1f}-{max(values):.1f}{unit}")
+
+
+def plot(rows: list[dict], out_png: Path, target: float) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for r in rows:
+        xs, ys = zip(*r["curve"])
+        ax.plot(xs, ys, marker="o", markersize=3, label=f"seed {r['seed']}")
+    ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("greedy success, 64 fixed mazes")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return out_png
+
+
+def write_docs(text: str, readme: Path = README) -> None:
+    """The table between the maze README's markers (the PNG sits beside it as seeds.png)."""
+    doc = readme.read_text()
+    if BEGIN not in doc or END not in doc:
+        raise ValueError(f"{readme} has no {BEGIN} ... {END} block to write the table into")
+    head, rest = doc.split(BEGIN, 1)
+    readme.write_text(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    import grpo
+
+    ap = argparse.ArgumentParser(prog="python -m examples.maze.seeds", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="0-4", help="training seeds, e.g. 0-4 or 1,3 (default 0-4)")
+    ap.add_argument("--out", default="runs/maze_seeds", help="the folder of the runs, the PNG and the table")
+    ap.add_argument("--docs", action="store_true", help="also write the table and PNG into examples/maze/")
+    args, extra = ap.parse_known_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, config = [], None
+    for seed in parse_seeds(args.seeds):
+        run_dir = out / f"seed{seed}"
+        config = grpo.RunConfig.from_yaml(HERE / "cpu.yaml", ["--model", str(mc.WARMSTART), "--output_dir",
+                                                              str(run_dir), *seed_flags(seed), *extra])
+        if not (run_dir / "summary.json").exists():
+            t0 = time.time()
+            grpo.Trainer(config).fit()
+            print(f"[seeds] seed {seed}: {time.time() - t0:.0f} s", flush=True)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        rows.append(row(seed, summary, step_lines(run_dir), config.eval.target_success))
+    text = table(rows, config.tasks_per_step)
+    png = plot(rows, out / "seeds.png", config.eval.target_success)
+    (out / "seeds.md").write_text(text + "\n")
+    (out / "seeds.json").write_text(json.dumps(rows, indent=1) + "\n")
+    if args.docs:
+        write_docs(text)
+        PNG.write_bytes(png.read_bytes())
+    print(text)
+    print(json.dumps({"seeds": [r["seed"] for r in rows], "reached": [r["reached_step"] for r in rows],
+                      "unseen_after": [r["unseen_after"] for r in rows]}))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
