@@ -92,6 +92,7 @@ def evaluate(argv: list[str]) -> int:
     from envs import parse_seeds
     from grpo.algo.config import ConfigError
     from grpo.driver import eval as run_eval
+    from sync import AdapterStoreError
 
     if args.samples < 1:
         ap.error(f"--samples {args.samples}: give 1 (greedy) or more episodes a seed")
@@ -107,7 +108,7 @@ def evaluate(argv: list[str]) -> int:
     try:
         cfg, adapter, run_dir = run_eval.resolve(args.target, args.model, args.adapter, args.base, overrides)
         seeds = parse_seeds(args.seeds) if args.seeds else cfg.eval_seeds
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+    except (ConfigError, ValueError, FileNotFoundError, AdapterStoreError) as e:
         print(f"grpo eval: {e}", file=sys.stderr)
         return 2
     tag = "base" if adapter is None else Path(adapter).name

@@ -71,21 +71,38 @@ def write_new_file(path: str, data: Buffer | Iterable[Buffer], digest=None, *, d
         hasher.start()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        for view in views:
-            for start in range(0, len(view), _SLICE):
-                piece = view[start:start + _SLICE]
-                if digest is not None and hasher is None:
-                    digest.update(piece)
-                while piece:
-                    piece = piece[os.write(fd, piece):]
-        if durable:
-            os.fsync(fd)
+        with naming(path):
+            _write_all(fd, views, digest if hasher is None else None, durable)
     finally:
         if hasher is not None:
             hasher.join()
         os.close(fd)
     if failed:
         raise failed[0]
+
+
+def _write_all(fd: int, views: list[memoryview], digest, durable: bool) -> None:
+    for view in views:
+        for start in range(0, len(view), _SLICE):
+            piece = view[start:start + _SLICE]
+            if digest is not None:
+                digest.update(piece)
+            while piece:
+                piece = piece[os.write(fd, piece):]
+    if durable:
+        os.fsync(fd)
+
+
+@contextlib.contextmanager
+def naming(path):
+    """A write through a descriptor or a buffered file that fails names no file: this attaches `path`, so
+    that the run's error line can say which file could not be written."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, os.fspath(path)) from e
 
 
 def _hash_all(digest, views: list[memoryview], failed: list) -> None:

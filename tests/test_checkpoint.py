@@ -56,7 +56,8 @@ def test_resume_is_bitwise_and_restores_what_was_saved(tiny_vl, tmp_path):
     resumed = worker(tiny_vl)
     assert max_abs_diff(resumed.gather_adapter(), straight.gather_adapter()) > 0
     info = resumed.load_checkpoint(tmp_path / "at2")
-    assert info == {"step": 2, "path": path, "adapter_version": 5, "state": {"cursor": {"epoch": 0, "index": 10}}}
+    assert info == {"step": 2, "path": path, "adapter_version": 5, "state": {"cursor": {"epoch": 0, "index": 10}},
+                    "skipped": []}
     assert torch.equal(torch.rand(3), draw)
     m_resumed = resumed.train_step(*data[2])
     assert m_resumed["lr"] == m_straight["lr"] == TRAIN.lr_at(2, STEPS)
@@ -77,18 +78,56 @@ def test_latest_and_garbage_collection(tiny_vl, tmp_path):
     latest = checkpoint.latest(tmp_path)
     assert (latest.step, latest.path, latest.world_size) == (3, paths[2], 1)
     assert dir_listing(tmp_path) == sorted([checkpoint.MARKER, Path(paths[1]).name, Path(paths[2]).name])
-    assert set(dir_listing(paths[2])) == {".metadata", "__0_0.distcp", "rng_rank0.pt", "trainer.pt"}
+    assert set(dir_listing(paths[2])) == {".metadata", "__0_0.distcp", "rng_rank0.pt", "trainer.pt", "manifest.json"}
 
-    # Checkpoints written before December 2026 also hold a data cursor, unused: they still load.
+    # Checkpoints written before December 2026 have no manifest (a marker of format 1) and also hold a data
+    # cursor, unused: they still load, unverified.
     old_format = torch.load(Path(paths[2]) / "trainer.pt", weights_only=False) | {"data_cursor": 7}
     torch.save(old_format, Path(paths[2]) / "trainer.pt")
+    (Path(paths[2]) / checkpoint.MANIFEST).unlink()
+    marker = json.loads((tmp_path / checkpoint.MARKER).read_text())
+    (tmp_path / checkpoint.MARKER).write_text(json.dumps(marker | {"format": 1}))
     assert w.load_checkpoint(tmp_path)["step"] == 3
 
-    marker = json.loads((tmp_path / checkpoint.MARKER).read_text())
     for name in marker["kept"]:
         (tmp_path / name / ".metadata").unlink()
-    with pytest.raises(FileNotFoundError, match="its files are gone"):
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint under .* verifies") as e:
         checkpoint.latest(tmp_path)
+    assert f"{Path(paths[1]).name}: .metadata is gone" in str(e.value) and "delete" in str(e.value)
+
+
+def _flip_byte(path: Path, offset: int = 100) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset % len(data)] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_or_torn_newest_checkpoint_is_skipped_for_the_one_before(tiny_vl, tmp_path):
+    w = worker(tiny_vl)
+    data = batches(w.processor, 1)
+    paths = []
+    for _ in range(3):
+        w.train_step(*data[0])
+        paths.append(w.save_checkpoint(tmp_path, keep_last=3))
+    expected = saved_state(paths[1])
+    _flip_byte(Path(paths[2]) / "__0_0.distcp")  # one bit of the LoRA weights or optimizer state
+    resumed = worker(tiny_vl)
+    info = resumed.load_checkpoint(tmp_path)
+    assert info["step"] == 2 and info["path"] == paths[1]
+    assert info["skipped"] == [f"checkpoint {Path(paths[2]).name} skipped: __0_0.distcp fails its sha256 (corrupt: "
+                               f"a changed byte); moved to corrupt/{Path(paths[2]).name}, resuming from step 2"]
+    assert_same_state(saved_state(resumed.save_checkpoint(tmp_path / "again")), expected | {"step": 2})
+    # Set aside for inspection, out of the marker: the next saves keep verified checkpoints only.
+    assert (tmp_path / checkpoint.CORRUPT / Path(paths[2]).name / "__0_0.distcp").is_file()
+    assert json.loads((tmp_path / checkpoint.MARKER).read_text())["kept"] == [Path(p).name for p in paths[1::-1]]
+
+    trainer_pt = Path(paths[1]) / "trainer.pt"
+    whole = trainer_pt.read_bytes()
+    trainer_pt.write_bytes(whole[:-10])  # torn: its last bytes never reached the disk
+    info = checkpoint.latest(tmp_path)
+    assert info.step == 1 and info.path == paths[0]
+    assert info.skipped == ((Path(paths[1]).name, f"trainer.pt has {len(whole) - 10} bytes, its manifest says "
+                                                  f"{len(whole)} (torn)"),)
 
 
 def test_save_that_dies_before_the_marker_is_ignored(tiny_vl, tmp_path, monkeypatch):

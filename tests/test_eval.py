@@ -84,3 +84,27 @@ def test_eval_reproduces_the_runs_evals_episode_for_episode(tmp_path, capsys):
     assert untrained == _episodes(out / "eval_samples.jsonl", "before")
     # The adapters differ in what they reply: the eval serves the one it names.
     assert untrained != trained
+
+
+def test_a_corrupt_adapter_is_refused_with_one_that_verifies(tmp_path, tiny_vl, capsys):
+    import torch
+
+    from grpo.driver.eval import verified
+    from sync import AdapterStore, AdapterStoreError
+
+    store = AdapterStore(tmp_path / "store")
+    config = {"r": 4, "lora_alpha": 8, "base_model_name_or_path": str(tiny_vl), "peft_type": "LORA"}
+    v1, v2 = (store.verify(store.publish({"w": torch.full((4, 4), float(v))}, config)).path for v in (1, 2))
+    assert verified(v2) == v2
+    weights = Path(v2) / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x10  # a flipped bit in the weights
+    weights.write_bytes(bytes(data))
+    with pytest.raises(AdapterStoreError, match=f"sha256.*--adapter {v1} \\(v1, the newest that verifies\\)"):
+        verified(v2)
+    assert main(["eval", v2, "--model", str(tiny_vl)]) == 2
+    err = capsys.readouterr().err
+    assert f"grpo eval: {v2} is refused" in err and f"--adapter {v1}" in err and "resume the run" in err
+    outside = tmp_path / "mine"  # an adapter folder of the user's, outside a store: no checksum to check
+    outside.mkdir()
+    assert verified(str(outside)) == str(outside)

@@ -24,7 +24,7 @@ ALLOWED = {
     "rollout": ("rollout", "envs", "sync"),
     "grpo.algo": ("grpo.algo", "rollout.checks"),
     "grpo.learner": ("grpo.learner", "grpo.algo", "rollout", "sync", "envs.base"),
-    "grpo.report": ("grpo.report", "rollout", "envs"),
+    "grpo.report": ("grpo.report", "rollout", "envs", "sync.atomic"),
     "grpo.config": ("grpo.config", "grpo.algo", "grpo.learner.config", "grpo.learner.lora", "grpo.driver.fault",
                     "rollout", "envs"),
 }

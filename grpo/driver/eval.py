@@ -56,7 +56,32 @@ def resolve(target: str, model: str | None = None, adapter: str | None = None, b
         return cfg, cfg.adapter, run_dir
     if adapter is None:
         adapter = _final_adapter(run_dir)
-    return cfg, adapter, run_dir
+    return cfg, verified(adapter), run_dir
+
+
+def verified(adapter: str) -> str:
+    """`adapter` once its files match the sha256 its store recorded at publish (a version folder of a run's
+    store); raises AdapterStoreError naming the file and an adapter that does verify. A folder outside a
+    store has no recorded checksum."""
+    from sync import AdapterStore, AdapterStoreError
+
+    path = Path(adapter)
+    if not (re.fullmatch(r"v\d+", path.name) and (path.parent / "manifest.json").is_file()):
+        return adapter
+    store = AdapterStore(path.parent.parent)
+    try:
+        store.verify(_version_of(adapter))
+    except AdapterStoreError as e:
+        try:
+            good = store.latest_verified()
+            instead = f"--adapter {good.path} (v{good.version}, the newest that verifies)" if good else None
+        except AdapterStoreError:
+            instead = None
+        fix = f"evaluate {instead}, or" if instead else "no version of this store verifies:"
+        raise AdapterStoreError(f"{adapter} is refused, its files do not match the sha256 recorded when it was "
+                                f"published ({e}); {fix} resume the run (the same grpo train command) to publish "
+                                "its last checkpoint's adapter again") from None
+    return adapter
 
 
 def _final_adapter(run_dir: Path) -> str:

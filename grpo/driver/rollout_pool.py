@@ -3,6 +3,7 @@
 Every call waits at most `call_timeout_s`; a worker that died or did not answer raises grpo.driver.fault.ActorFault."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 from grpo.driver.fault import Fault, arm, gather
@@ -79,7 +80,10 @@ class RolloutPool:
         store = AdapterStore(self.store_root)
         for i, w in enumerate(self.workers):
             ray.kill(w)
-            store.release(f"rollout-{i}")
+            # On storage that just failed (full, read-only) the lease stays and expires (lease_ttl_s); the
+            # error that stopped the run is the one to report, not this one.
+            with contextlib.suppress(OSError):
+                store.release(f"rollout-{i}")
         self.workers = []
 
 

@@ -23,7 +23,7 @@ import torch
 
 from grpo.algo.advantages import group_advantages, next_draw, step_advantages
 from grpo.config import RunConfig
-from grpo.driver import session
+from grpo.driver import session, storage
 from grpo.driver.callbacks import CallbackList
 from grpo.driver.eval import eval_summary
 from grpo.driver.fault import ActorFault, InjectionPlan
@@ -81,6 +81,12 @@ class Trainer:
                     return summary
                 except ActorFault as fault:
                     self._recover(fault)
+        except Exception as e:
+            failed = storage.storage_error(e)
+            if failed is None:
+                raise
+            print(storage.describe(failed, self._where(), self._kept_phrase()), file=sys.stderr, flush=True)
+            raise SystemExit(storage.STORAGE_EXIT) from None
         except (SystemExit, KeyboardInterrupt) as e:
             if session.stopped_by_sigterm(e):
                 print(self._stop_line("stopped by SIGTERM"), file=sys.stderr, flush=True)
@@ -239,6 +245,8 @@ class Trainer:
         resumed = self.group.load_checkpoint(self.checkpoint_root)
         if resumed is not None:
             state = RunState.from_dict(resumed["state"])
+            for note in resumed["skipped"]:
+                print(f"[grpo] {note}", file=sys.stderr)
             print(f"[grpo] resumed from {resumed['path']} at step {state.step}", file=sys.stderr)
         else:
             state = RunState()
@@ -293,13 +301,25 @@ class Trainer:
     def _checkpoint_phrase(self) -> str:
         try:
             info = checkpoint.latest(self.checkpoint_root)
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, checkpoint.CheckpointError) as e:
             return f"the last checkpoint is unreadable ({e})"
         return f"last checkpoint: step {info.step} at {info.path}" if info else "no checkpoint yet"
 
+    def _kept_phrase(self) -> str:
+        from sync import AdapterStore, AdapterStoreError
+
+        try:
+            adapter = AdapterStore(self.store_root).latest_verified()
+        except (OSError, AdapterStoreError) as e:
+            return f"{self._checkpoint_phrase()}; no published adapter verifies ({e})"
+        return f"{self._checkpoint_phrase()}; last published adapter: " + (f"v{adapter.version} (verified)"
+                                                                             if adapter else "none yet")
+
+    def _where(self) -> str:
+        return f"in step {self._step}" if self._step else "while starting"
+
     def _stop_line(self, why: str) -> str:
-        where = f"in step {self._step}" if self._step else "while starting"
-        return f"[grpo] {why} {where}; {self._checkpoint_phrase()}; run the same command to resume"
+        return f"[grpo] {why} {self._where()}; {self._checkpoint_phrase()}; run the same command to resume"
 
     def _save(self, plan: InjectionPlan) -> None:
         state = self.state

@@ -8,10 +8,14 @@ Layout under the root (a path every rank can reach; on a cluster, shared storage
       .metadata, __*_*.distcp    DCP: LoRA weights and optimizer state, sharded as the ranks held them
       trainer.pt                 rank 0: step, caller state
       rng_rank<r>.pt             each rank's torch, CUDA, Python and numpy random state
+      manifest.json              written last: every other file's sha256 and size, the step, the ranks
+    corrupt/                     checkpoints that failed verification, moved aside for inspection
 
 A checkpoint exists when latest.json names it. Every file is fsynced before latest.json is replaced by
 an atomic rename, so a save killed at any point leaves the previous checkpoint as the latest; the folder
 it left behind is named by no marker and is removed by the next save. One writer (one run) per root.
+Loading verifies every file against the manifest and falls back to the newest kept checkpoint that
+verifies (a flipped byte, a torn or vanished file), naming what it skipped; it refuses when none does.
 Files hold pickled Python objects: load only checkpoints you wrote.
 """
 from __future__ import annotations
@@ -33,10 +37,19 @@ import torch
 
 from grpo.learner import dist
 from sync.atomic import atomic_write, fsync_dir, remove_tree, write_new_file
+from sync.format import sha256_file
 
 MARKER = "latest.json"
-_FORMAT = 1
+MANIFEST = "manifest.json"
+CORRUPT = "corrupt"
+# 2: every checkpoint has a manifest. A marker of format 1 names checkpoints written before manifests,
+# which load unverified.
+_FORMAT = 2
 _DIR = re.compile(r"step_(\d{8,})-[0-9a-f]+")
+
+
+class CheckpointError(RuntimeError):
+    """No kept checkpoint verifies: the message names each one and what failed."""
 
 
 @dataclass(frozen=True)
@@ -44,22 +57,91 @@ class CheckpointInfo:
     step: int
     path: str
     world_size: int  # ranks that wrote it; DCP reshards the weights for another count, the random state not
+    skipped: tuple[tuple[str, str], ...] = ()  # (folder, why) of newer kept checkpoints that failed verification
+
+    def notes(self) -> list[str]:
+        """One line per skipped checkpoint, for the run's log."""
+        return [f"checkpoint {name} skipped: {why}; moved to {CORRUPT}/{name}, resuming from step {self.step}"
+                for name, why in self.skipped]
 
 
 def latest(root: str | os.PathLike) -> CheckpointInfo | None:
-    """The newest complete checkpoint under root, or None when there is none yet."""
-    marker = Path(root) / MARKER
+    """The newest kept checkpoint under root whose files verify, or None when there is none yet. Newer ones
+    that fail are named in `skipped`; raises CheckpointError when every kept checkpoint fails."""
+    root = Path(root)
+    marker = root / MARKER
     try:
         doc = json.loads(marker.read_text())
+        names = [doc["dir"]] + [d for d in doc.get("kept", []) if d != doc["dir"]]
     except FileNotFoundError:
         return None
-    path = Path(root) / doc["dir"]
-    if not (path / ".metadata").is_file() or not (path / "trainer.pt").is_file():
-        raise FileNotFoundError(
-            f"{marker} names checkpoint {doc['dir']}, but its files are gone: a save only replaces the marker "
-            f"after every file is durable, so something else removed them. Restore {path}, or delete {marker} "
-            "to start from scratch")
-    return CheckpointInfo(int(doc["step"]), str(path), int(doc["world_size"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{marker} is unreadable ({e}): the marker is replaced atomically, so something "
+                              f"else damaged it. Restore it, or delete {marker} to start from scratch") from None
+    skipped = []
+    for name in names:
+        problem = verify(root / name, legacy=doc.get("format", 1) < 2)
+        if problem is None:
+            manifest = _manifest(root / name)
+            size = manifest["world_size"] if manifest else int(doc["world_size"])
+            return CheckpointInfo(_step_of(name), str(root / name), size, tuple(skipped))
+        skipped.append((name, problem))
+    raise CheckpointError(f"no checkpoint under {root} verifies:\n  " +
+                          "\n  ".join(f"{name}: {why}" for name, why in skipped) +
+                          f"\nRestore one of them from a copy, or delete {marker} to start the run from scratch")
+
+
+def verify(path: Path, legacy: bool = False) -> str | None:
+    """What is wrong with the checkpoint folder `path` (None: every file matches its manifest). `legacy`:
+    a checkpoint written before manifests, checked only for its files."""
+    required = (".metadata", "trainer.pt")
+    try:
+        manifest = _manifest(path)
+    except (OSError, ValueError) as e:
+        return f"its {MANIFEST} is unreadable ({e})"
+    if manifest is None:
+        if legacy and all((path / f).is_file() for f in required):
+            return None
+        gone = "the folder is gone" if not path.is_dir() else f"it has no {MANIFEST}"
+        return f"{gone} (a save only names a checkpoint after its manifest is durable, so it was removed or torn)"
+    for name, entry in sorted(manifest["files"].items()):
+        try:
+            size = (path / name).stat().st_size
+        except FileNotFoundError:
+            return f"{name} is gone"
+        if size != entry["bytes"]:
+            return f"{name} has {size} bytes, its manifest says {entry['bytes']} (torn)"
+        if sha256_file(str(path / name)) != entry["sha256"]:
+            return f"{name} fails its sha256 (corrupt: a changed byte)"
+    missing = [f for f in required if f not in manifest["files"]]
+    return f"its manifest lists no {', '.join(missing)}" if missing else None
+
+
+def _manifest(path: Path) -> dict | None:
+    try:
+        return json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _step_of(name: str) -> int:
+    return int(_DIR.fullmatch(name).group(1))
+
+
+def set_aside(root: str | os.PathLike, info: CheckpointInfo) -> None:
+    """Move the checkpoints `info` skipped to root/corrupt/ and drop them from the marker, so that the next
+    saves keep verified checkpoints only (the folders stay for inspection)."""
+    root = Path(root)
+    bad = {name for name, _ in info.skipped}
+    (root / CORRUPT).mkdir(exist_ok=True)
+    for name in bad:
+        if (root / name).is_dir():
+            os.replace(root / name, root / CORRUPT / name)
+    doc = json.loads((root / MARKER).read_text())
+    doc.update(dir=Path(info.path).name, step=info.step, world_size=info.world_size,
+               kept=[d for d in doc["kept"] if d not in bad])
+    atomic_write(str(root / MARKER), (json.dumps(doc, indent=2) + "\n").encode())
+    fsync_dir(str(root))
 
 
 def rng_state() -> dict[str, Any]:
@@ -111,6 +193,11 @@ def save(root: str | os.PathLike, step: int, model, optimizer, trainer_state: di
     dist.barrier()
 
     if rank == 0:
+        # Written last, once every rank's files are durable: a folder with a manifest is complete.
+        files = {e.name: {"sha256": sha256_file(e.path), "bytes": e.stat().st_size}
+                 for e in os.scandir(path) if e.is_file()}
+        manifest = {"format": _FORMAT, "step": step, "world_size": world_size, "files": files}
+        write_new_file(str(path / MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
         fsync_dir(str(path))
         kept = [name] + [d for d in _kept(root) if d != name][: keep_last - 1]
         doc = {"format": _FORMAT, "step": step, "dir": name, "world_size": world_size, "kept": kept}
@@ -132,7 +219,17 @@ def load(root: str | os.PathLike, model, optimizer) -> tuple[CheckpointInfo, dic
 
     rank, world_size = _rank_and_size()
     # Rank 0 decides, so that no rank can see a marker that a concurrent writer replaced meanwhile.
-    info = dist.broadcast_object(latest(root) if rank == 0 else None)
+    info = None
+    if rank == 0:
+        try:
+            info = latest(root)
+            if info is not None and info.skipped:
+                set_aside(root, info)
+        except CheckpointError as e:
+            info = e  # every rank raises it, none waits for the others
+    info = dist.broadcast_object(info)
+    if isinstance(info, CheckpointError):
+        raise info
     if info is None:
         return None
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_options())

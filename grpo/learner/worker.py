@@ -405,8 +405,9 @@ class TrainWorker:
         return checkpoint.save(root, self.step, self.model, self.optimizer, trainer_state, keep_last).path
 
     def load_checkpoint(self, root: str) -> dict[str, Any] | None:
-        """Resume from the latest complete checkpoint under root; collective. Returns {"step", "path",
-        "adapter_version", "state"} as saved, or None when root holds no checkpoint.
+        """Resume from the newest kept checkpoint under root that verifies; collective. Returns {"step", "path",
+        "adapter_version", "state"} as saved and "skipped" (a line per newer checkpoint that failed
+        verification), or None when root holds no checkpoint.
         Publish the adapter again before rolling out: the store may hold versions from after the checkpoint."""
         self._require_setup()
         found = checkpoint.load(root, self.model, self.optimizer)
@@ -417,7 +418,7 @@ class TrainWorker:
         self.adapter_version = saved["adapter_version"]
         # Checkpoints written before December 2026 also hold a "data_cursor": unused, the cursor is in `state`.
         return {"step": info.step, "path": info.path, "adapter_version": saved["adapter_version"],
-                "state": saved["state"]}
+                "state": saved["state"], "skipped": info.notes()}
 
 
 def _split(n: int, parts: int, seed: int) -> list[list[int]]:

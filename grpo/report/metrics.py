@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+from sync.atomic import naming
+
 
 class MetricsSink:
     """Writes each record of a run to metrics.jsonl, TensorBoard, a Prometheus endpoint and W&B.
@@ -54,7 +56,7 @@ class MetricsSink:
         self._counter("restart")
 
     def log(self, record: dict) -> None:
-        with self.path.open("a") as f:
+        with naming(self.path), self.path.open("a") as f:
             f.write(json.dumps(json_safe(record), sort_keys=True, allow_nan=False) + "\n")
         step = int(record.get("step", 0))
         if "event" in record:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from grpo.report.metrics import json_safe
+from sync.atomic import naming
 
 
 def decode_episode(traj, tokenizer, vision_ids=()) -> dict:
@@ -98,7 +99,7 @@ class SampleWriter:
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.model)
             self._vision_ids = vision_token_ids(self._tokenizer)
-        with self.path.open("a") as f:
+        with naming(self.path), self.path.open("a") as f:
             for t in trajs:
                 line = dict(fields, **decode_episode(t, self._tokenizer, self._vision_ids))
                 f.write(json.dumps(line, ensure_ascii=False) + "\n")
