@@ -1,6 +1,6 @@
 """The `grpo` command (also `python -m grpo`):
 
-    grpo train CONFIG.yaml [--section.field VALUE ...] [--dry-run]
+    grpo train CONFIG.yaml [--section.field VALUE ...] [--dry-run] [--supervise [N]]
     grpo eval RUN_OR_ADAPTER [--seeds 0-63] [--samples K] [--base] [--adapter DIR] ...
     grpo doctor [--json] [--model PATH] [--run-dir runs/doctor]
 
@@ -30,6 +30,9 @@ def train(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="grpo train", description="Run a GRPO config.", epilog=OVERRIDES)
     ap.add_argument("config", help="a YAML file of RunConfig fields")
     ap.add_argument("--dry-run", action="store_true", help="validate and print the resolved config, then exit")
+    ap.add_argument("--supervise", type=int, nargs="?", const=3, metavar="N",
+                    help="relaunch the driver when it dies of a signal (out-of-memory kill, segfault), resuming from "
+                         "the last checkpoint, at most N times (default 3); grpo/driver/supervise.py")
     args, overrides = ap.parse_known_args(argv)
 
     import envs
@@ -57,6 +60,13 @@ def train(argv: list[str]) -> int:
                   file=sys.stderr)
         return 0
 
+    if args.supervise is not None:
+        from grpo.driver.supervise import supervise
+
+        if args.supervise < 0:
+            ap.error(f"--supervise {args.supervise}: give how many relaunches to allow, 0 or more")
+        return supervise([sys.executable, "-m", "grpo", "train", args.config, *overrides], config.output_dir,
+                         args.supervise)
     from grpo.driver.trainer import Trainer
 
     try:

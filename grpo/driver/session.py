@@ -8,8 +8,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
+
+from grpo.driver import reaper
 
 SIGTERM_EXIT = 128 + signal.SIGTERM
 
@@ -44,13 +48,14 @@ def _exit_on_sigterm():
 
 
 class RaySession:
-    """Ray for one fit(): joins `address` when given, else starts a local Ray in its own /tmp folder; `stop`
-    disconnects from a joined cluster, or stops the local Ray and removes its folder. A Ray already running
-    in this process (a user's ray.init) is used and left running."""
+    """Ray for one fit(): joins `address` when given, else starts a local Ray in its own /tmp folder, watched
+    by grpo/driver/reaper.py; `stop` disconnects from a joined cluster, or stops the local Ray and removes its
+    folder. A Ray already running in this process (a user's ray.init) is used and left running."""
 
     def __init__(self):
         self._tmp = None
         self._joined = False
+        self._reaper = None  # grpo/driver/reaper.py: Ray's processes die with this one, SIGKILL included
 
     def start(self, address: str | None, cpus: int) -> None:
         import ray
@@ -64,6 +69,8 @@ class RaySession:
             else:
                 # Unix socket paths are limited to 107 bytes: Ray's session folder lives under /tmp.
                 self._tmp = tempfile.mkdtemp(prefix="grpo-ray-", dir="/tmp")
+                self._reaper = subprocess.Popen([sys.executable, reaper.__file__, str(os.getpid()), self._tmp],
+                                                stdin=subprocess.DEVNULL, start_new_session=True)
                 ray.init(num_cpus=max(os.cpu_count() or 1, cpus), _temp_dir=self._tmp, include_dashboard=False,
                          log_to_driver=False)
         except SystemExit:
@@ -83,3 +90,6 @@ class RaySession:
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+        if self._reaper is not None:
+            self._reaper.wait(timeout=10)  # it exits once the folder is gone
+            self._reaper = None
