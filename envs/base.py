@@ -35,9 +35,13 @@ class Env(ABC):
 
     `keep_images` tells the rollout worker whether earlier observations' images stay in the
     conversation (True) or only the latest one is shown; environments override it as they see fit.
+
+    `tools`: functions (or envs.tools.Tool) the model may call in its family's native format; a reply that
+    calls tools gets their results as `tool` messages and never reaches `step` (docs/tools.md).
     """
 
     keep_images: bool = True
+    tools: tuple = ()
 
     @abstractmethod
     def reset(self, seed: int) -> Observation:
@@ -52,3 +56,24 @@ class Env(ABC):
         (the maze: the agent's block), or None. The rollout records it before every turn; step-level
         advantages compare the actions taken from equal states across a group. Keep it small and picklable."""
         return None
+
+
+class AgentEnv(Env):
+    """A task for an agent written against the OpenAI chat API: `agent(client, task) -> reward` runs each
+    episode through an `openai.OpenAI` client pointed at the rollout's engine (rollout/openai_server.py;
+    docs/tools.md). `tasks(seed)` gives the agent its task (any object); the agent returns its reward, or
+    {"reward": r, "success": bool}. Register with functools.partial(AgentEnv, agent=fn, tasks=fn)."""
+
+    keep_images = False
+
+    def __init__(self, agent, tasks):
+        if not callable(agent) or not callable(tasks):
+            raise ValueError(f"AgentEnv needs agent(client, task) and tasks(seed) functions, got {agent!r}, {tasks!r}")
+        self.agent, self.tasks = agent, tasks
+
+    def reset(self, seed: int) -> Observation:
+        self.task = self.tasks(seed)
+        return Observation(self.task if isinstance(self.task, str) else repr(self.task))
+
+    def step(self, action_text: str) -> StepResult:
+        raise NotImplementedError("an AgentEnv's episodes are run by its agent, through the OpenAI endpoint")

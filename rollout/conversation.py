@@ -7,17 +7,22 @@ difference, so any Hugging Face chat template works, not just the tiny models'.
 """
 from __future__ import annotations
 
+import json
+
 from envs.base import Observation
 from rollout.models import image_token_id, tokenizer_of, vision_token_ids
+from rollout.tool_calls import detect_format
 
 _MARK = "\u2063GRPO-MARK\u2063"  # an assistant message no real text contains, to cut the template around
 
 
 class ChatFormat:
-    def __init__(self, processor, system_prompt: str | None = None):
+    def __init__(self, processor, system_prompt: str | None = None, tools: list[dict] | None = None):
         self.processor = processor
         self.tok = tokenizer_of(processor)
         self.system_prompt = system_prompt
+        # Tool schemas the template renders into the prompt (an env's tools); None: the template's no-tools form.
+        self.tools = tools
         self.image_token_id = image_token_id(processor)
         self.vision_ids = set(vision_token_ids(processor))
         if self.tok.chat_template is None and getattr(processor, "chat_template", None) is None:
@@ -34,6 +39,19 @@ class ChatFormat:
         added = self.tok.added_tokens_decoder
         if self.close_ids and self.close_ids[0] in added and added[self.close_ids[0]].special:
             self.eos_ids.add(self.close_ids[0])
+
+    def with_tools(self, tools: list[dict]) -> "ChatFormat":
+        """This format with `tools` (OpenAI function schemas) rendered into the prompt; one per tool list."""
+        cache = self.__dict__.setdefault("_with_tools", {})
+        key = json.dumps(tools, sort_keys=True)
+        if key not in cache:
+            cache[key] = ChatFormat(self.processor, self.system_prompt, tools)
+        return cache[key]
+
+    @property
+    def tool_format(self) -> str | None:
+        """The tool-call format the chat template writes (rollout.tool_calls.FORMATS), None: it renders none."""
+        return detect_format(getattr(self.processor, "chat_template", None) or self.tok.chat_template)
 
     def _special_id(self, token: str) -> int | None:
         i = self.tok.convert_tokens_to_ids(token)
@@ -61,6 +79,9 @@ class ChatFormat:
 
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         render = self.processor if getattr(self.processor, "chat_template", None) else self.tok
+        if self.tools:
+            return render.apply_chat_template(messages, tools=self.tools, tokenize=False,
+                                              add_generation_prompt=add_generation_prompt)
         return render.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     def _ids(self, text: str) -> list[int]:
@@ -81,9 +102,24 @@ class ChatFormat:
 
     def observation_ids(self, obs: Observation, generated: list[int]) -> list[int]:
         """Ids to append after the model's turn: close it, the observation as a user turn, the next opening."""
-        before = self._render(self._head() + [{"role": "assistant", "content": _MARK}], False)
+        return self._after_reply({"role": "assistant", "content": _MARK}, [self._user(obs)], generated)
+
+    def tool_result_ids(self, calls: list[dict], results: list[dict], generated: list[int]) -> list[int]:
+        """Ids to append after a reply that called tools: close it, the `tool` messages `results` (role, content,
+        tool_call_id) as the template renders them, the next opening. `calls` are the reply's parsed calls as
+        `tool_calls` entries (empty when none could be read); the reply itself stays the model's own ids."""
+        reply = {"role": "assistant", "content": _MARK}
+        if calls:
+            try:
+                return self._after_reply({**reply, "tool_calls": calls}, results, generated)
+            except Exception:  # a template that refuses these calls (Llama 3.1: one per message)
+                pass
+        return self._after_reply(reply, results, generated)
+
+    def _after_reply(self, reply: dict, following: list[dict], generated: list[int]) -> list[int]:
+        before = self._render(self._head() + [reply], False)
         before = before[:len(before) - len(self._end)]
-        after = self._render(self._head() + [{"role": "assistant", "content": _MARK}, self._user(obs)], True)
+        after = self._render(self._head() + [reply] + following, True)
         if not after.startswith(before):
             # Qwen3 renders the last assistant turn with a think block and drops it once a user turn follows:
             # the model's own ids stand for its turn, so only what the template writes after it must agree.

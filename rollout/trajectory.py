@@ -40,6 +40,8 @@ class Trajectory:
     actions: list[str] = field(default_factory=list)  # the text the env received each turn
     turn_states: list = field(default_factory=list)  # env.state_key() as each turn began (None: not given)
     info: dict = field(default_factory=dict)
+    tool_calls: int = 0                # calls the replies made to the env's tools (envs/tools.py)
+    tool_errors: dict = field(default_factory=dict)  # calls that failed, per envs.tools.ERROR_KINDS kind
 
     @property
     def reward(self) -> float:
@@ -81,13 +83,16 @@ class RolloutStats:
     stop_reasons: dict
     env_s: float = 0.0      # waiting for env calls (reset, step), all episodes' calls of a turn at once
     env_retries: int = 0    # groups re-run with fresh env instances after their env failed
+    # With tools (envs/tools.py): the calls made and the failed ones per kind; None when no env had tools.
+    tool_calls: int | None = None
+    tool_errors: dict | None = None
 
     @property
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def as_dict(self) -> dict:
-        d = dict(self.__dict__)
+        d = {k: v for k, v in self.__dict__.items() if v is not None or not k.startswith("tool_")}
         d["tokens_per_s"] = self.tokens_per_s
         return d
 
@@ -112,4 +117,16 @@ def merge_stats(parts: list[RolloutStats], sequential: bool = False) -> RolloutS
         mean_reward=weighted("mean_reward"), mean_turns=weighted("mean_turns"),
         parse_errors=sum(p.parse_errors for p in parts), stop_reasons=reasons,
         env_s=took(p.env_s for p in parts), env_retries=sum(p.env_retries for p in parts),
+        **_merged_tool_stats(parts),
     )
+
+
+def _merged_tool_stats(parts: list[RolloutStats]) -> dict:
+    with_tools = [p for p in parts if p.tool_calls is not None]
+    if not with_tools:
+        return {}
+    errors: dict = {}
+    for p in with_tools:
+        for k, v in p.tool_errors.items():
+            errors[k] = errors.get(k, 0) + v
+    return {"tool_calls": sum(p.tool_calls for p in with_tools), "tool_errors": errors}

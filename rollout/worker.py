@@ -13,12 +13,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from envs.base import Observation
+from envs.base import AgentEnv, Observation
 from envs.contract import EnvError, check_env, check_step_result, env_error
-from rollout import runtime
+from envs.tools import as_toolset
+from rollout import runtime, tool_calls
 from rollout.checks import check_choice, check_number
 from rollout.env_threads import EnvThreads
 from rollout.models import image_length
+from rollout.openai_server import run_agents
 from rollout.trajectory import RolloutStats, Segment, Trajectory
 
 HISTORY_MODES = ("full", "text", "none")
@@ -76,6 +78,19 @@ class _Episode:
         if history == "auto":
             self.history = "full" if getattr(env, "keep_images", True) else "text"
         self.first = first
+        # An env with tools: replies that call them get the results as `tool` messages (docs/tools.md).
+        self.toolset = as_toolset(env.tools) if getattr(env, "tools", ()) else None
+        self.tool_calls = 0
+        self.tool_errors: Counter = Counter()
+        if self.toolset is not None:
+            chat = self.chat = chat.with_tools(self.toolset.schemas)
+            if chat.tool_format is None:
+                raise ValueError(f"env {task.env!r} has tools but the model's chat template renders no tool calls "
+                                 f"(formats read: {', '.join(tool_calls.FORMATS)}); use a model whose template "
+                                 "takes `tools` (docs/tools.md)")
+            if self.history == "none":
+                raise ValueError(f"env {task.env!r} has tools: rollout.history 'none' would drop the calls and "
+                                 "their results from the next turn; use 'full' or 'text'")
         self.segments: list[Segment] = []
         self.turn_rewards: list[float] = []
         self.actions: list[str] = []
@@ -105,6 +120,37 @@ class _Episode:
         self.mask += [1] * len(gen.token_ids)
         self.lps += gen.logprobs
         return self.chat.action_text(gen.token_ids)
+
+    def parse_calls(self, action: str):
+        """The reply's tool calls; None for an env without tools or a reply that calls none (it goes to step)."""
+        if self.toolset is None:
+            return None
+        return tool_calls.parse(self.chat.tool_format, action, self.tool_calls)[1] or None
+
+    def on_tool_turn(self, action: str, calls: list, state, results: list, reply_ids: list[int],
+                     max_turns: int | None) -> None:
+        """A reply that called tools: their results go back as `tool` messages; the env's step is not called."""
+        self.actions.append(action)
+        self.turn_states.append(state)
+        self.turn_rewards.append(0.0)
+        self.tool_calls += len(calls)
+        self.tool_errors.update(r.error for r in results if r.error)
+        capped = max_turns is not None and len(self.turn_rewards) >= max_turns
+        if self.history != "full" or capped:
+            self.segments.append(Segment(self.ids, self.mask, self.lps, self.images))
+        if capped:
+            self.stop_reason = "max_turns"
+            return
+        messages = [{"role": "tool", "tool_call_id": c.id, "name": c.name or "", "content": r.content}
+                    for c, r in zip(calls, results)]
+        readable = [] if any(c.error for c in calls) else [c.as_message_call() for c in calls]
+        suffix = self.chat.tool_result_ids(readable, messages, reply_ids)
+        if self.history == "full":
+            self.ids += suffix
+            self.mask += [0] * len(suffix)
+            self.lps += [0.0] * len(suffix)
+        else:
+            self._start_context(self.chat.drop_images(self.ids) + suffix, [])
 
     def on_step(self, action: str, state, result, reply_ids: list[int], max_turns: int | None) -> None:
         """What the env said about `action` (a checked StepResult); `state` is its state_key before."""
@@ -147,6 +193,7 @@ class _Episode:
             turn_rewards=self.turn_rewards, num_turns=len(self.turn_rewards), stop_reason=self.stop_reason,
             adapter_version=adapter_version, success=self.success, parse_errors=self.parse_errors,
             actions=self.actions, turn_states=self.turn_states, info=dict(self.info),
+            tool_calls=self.tool_calls, tool_errors=dict(self.tool_errors),
         )
 
 
@@ -180,10 +227,16 @@ class _Batch:
     def step(self, live: list[_Episode], gens) -> None:
         """Every live episode's reply to its env, all at once; groups whose env failed start over."""
         actions = [e.take_reply(g) for e, g in zip(live, gens)]
-        outcomes = self._run([(e.slot, _step_env, e.env, e.task, e.turn, a) for e, a in zip(live, actions)])
+        calls = [e.parse_calls(a) for e, a in zip(live, actions)]
+        outcomes = self._run([(e.slot, _run_tools, e.env, e.toolset, e.task, e.turn, c) if c else
+                              (e.slot, _step_env, e.env, e.task, e.turn, a) for e, a, c in zip(live, actions, calls)])
         failed = self._failures(zip((e.group_id for e in live), outcomes))
-        for e, g, a, out in zip(live, gens, actions, outcomes):
-            if e.group_id not in failed:
+        for e, g, a, c, out in zip(live, gens, actions, calls, outcomes):
+            if e.group_id in failed:
+                continue
+            if c:
+                e.on_tool_turn(a, c, *out, g.token_ids, self.config.max_turns)
+            else:
                 e.on_step(a, *out, g.token_ids, self.config.max_turns)
         self.open(self._rerun(failed))
 
@@ -227,6 +280,15 @@ def _step_env(env, task: Task, turn: int, action: str) -> tuple:
         return state, check_step_result(env.step(action))
     except Exception as e:
         raise env_error(e, task.env, task.seed, turn, method) from None
+
+
+def _run_tools(env, toolset, task: Task, turn: int, calls: list) -> tuple:
+    """On the episode's thread: the state the turn begins in, then each call's result (failures included)."""
+    try:
+        state = env.state_key()
+    except Exception as e:
+        raise env_error(e, task.env, task.seed, turn, "state_key") from None
+    return state, [toolset.run(c) for c in calls]
 
 
 class RolloutWorker:
@@ -302,6 +364,8 @@ class RolloutWorker:
         finished = False
         try:
             batch.open(range(len(tasks)))
+            if isinstance(batch.episodes[0].env, AgentEnv):  # its agents call the engine through the endpoint
+                calls, engine_s, prompt_tokens = run_agents(self, batch.episodes, config, sampling, use_adapter)
             while True:
                 live = [e for e in batch.episodes if not e.done]
                 for e in live:
@@ -336,6 +400,9 @@ class RolloutWorker:
             stop_reasons=dict(Counter(t.stop_reason for t in trajs)),
             env_s=batch.env_s, env_retries=sum(batch.reruns.values()),
         )
+        if any(e.toolset is not None for e in batch.episodes):
+            stats.tool_calls = sum(t.tool_calls for t in trajs)
+            stats.tool_errors = dict(sum((Counter(t.tool_errors) for t in trajs), Counter()))
         return trajs, stats
 
     def _expanded_len(self, e: _Episode) -> int:
