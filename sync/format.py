@@ -41,13 +41,17 @@ class AdapterCorruptError(AdapterStoreError):
     """A version's file does not match the sha256 the manifest recorded when it was published."""
 
     def __init__(self, version: int, file: str, expected: str, actual: str, manifest: str):
-        self.version, self.file, self.expected, self.actual = version, file, expected, actual
+        self.version, self.file, self.expected, self.actual, self.manifest = version, file, expected, actual, manifest
         super().__init__(
             f"adapter version {version} is corrupt: {file} has sha256 {actual}, but {manifest} recorded "
             f"{expected} when it was published. The version is refused: keep serving the previous one "
             f"(AdapterStore.latest_verified() returns the newest version that verifies); the trainer's "
             f"next publish supersedes it. If this repeats, check the storage that holds {file}."
         )
+
+    def __reduce__(self):
+        # Raised in a rollout worker and re-raised in the driver: it must unpickle with its fields.
+        return type(self), (self.version, self.file, self.expected, self.actual, self.manifest)
 
 
 class AdapterNotFoundError(AdapterStoreError, LookupError):

@@ -9,6 +9,7 @@ import pytest
 
 import grpo
 from grpo.driver import storage
+from grpo.driver.fault import ActorFault
 from grpo.learner import checkpoint
 from sync import AdapterStore
 
@@ -26,6 +27,7 @@ def test_the_failed_write_is_found_behind_rays_wrapping_and_described():
     except RuntimeError as outer:
         assert storage.storage_error(outer).errno == errno.ENOSPC
     assert storage.storage_error(ValueError("a bug")) is None
+    assert storage.storage_error(ActorFault("rollout-0", "ActorDiedError during rollout")) is None  # a text cause
     assert storage.storage_error(FileNotFoundError(errno.ENOENT, "gone", "/x")) is None  # a bug as often as not
     line = storage.describe(full, "in step 3", "last checkpoint: step 2 at /c; last published adapter: v3 (verified)")
     assert line.startswith("[grpo] storage failed in step 3: No space left on device (ENOSPC) writing "

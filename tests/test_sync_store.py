@@ -407,3 +407,18 @@ def test_republishing_a_torn_version_rewrites_it(tmp_path):
     assert store.publish(lora(2), CONFIG, version=2) == 2
     assert_same_tensors(read_version(store, 2)[0], lora(2))
     assert store.publish(lora(2), CONFIG, version=2) == 2  # intact now: a no-op
+
+
+def test_disk_use_stays_bounded_over_a_hundred_publishes(tmp_path):
+    # A reader that moves on with every version, as a rollout worker does: the folder holds keep_last versions,
+    # and the manifest names only those.
+    store = AdapterStore(tmp_path, keep_last=3)
+    sizes = []
+    for seed in range(100):
+        store.publish(lora(seed), CONFIG)
+        store.acquire("rollout-0")
+        sizes.append(sum(f.stat().st_size for f in (tmp_path / "adapters").rglob("*") if f.is_file()))
+    assert len(version_folders(tmp_path)) == 3
+    one_version = sum(f.stat().st_size for f in (tmp_path / "adapters" / "v000100").iterdir())
+    assert max(sizes[3:]) < 3 * one_version + 4096, (max(sizes[3:]), one_version)
+    assert max(sizes[3:]) - min(sizes[3:]) < 2048  # no growth beyond the versions kept

@@ -7,20 +7,31 @@ starts fresh actors, restores the latest checkpoint and goes on, at most `fault.
 Injection, for tests and for rehearsing on a real cluster: `fault.inject: ["kill:rollout@step=2",
 "kill:train_rank=1@step=4", "hang:rollout@step=3"]` makes the named actor kill itself (SIGKILL, as the
 out-of-memory killer would) or hang, in the middle of that step's call to it (rollout: the rollout call;
-train rank: the train step, with the other ranks inside its collectives). Each fault fires once per run:
-the driver remembers what fired, so a replayed step after the restart does not fire it again.
+train rank: the train step, with the other ranks inside its collectives). Three more hit what an actor does
+not own: `kill:driver@step=N` (the driver SIGKILLs itself after the step's rollout: `grpo train --supervise`
+relaunches it), `corrupt:adapter@step=N` (a byte of the adapter the step published flips before the rollout
+workers load it, as a torn or rotten write would leave it) and `corrupt:checkpoint@step=N` (a byte of the
+checkpoint saved after the step flips). Each fault fires once per run: the driver records what fired in the
+run folder (faults_fired.json) before it fires, so neither a replayed step nor a relaunched driver fires it
+again.
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 from grpo.algo.config import ConfigError, check_number
+from sync.atomic import atomic_write
 
-KINDS = ("kill", "hang")
-TARGETS = ("rollout", "train_rank")
+# What each kind of fault can hit.
+KINDS = {"kill": ("rollout", "train_rank", "driver"), "hang": ("rollout", "train_rank"),
+         "corrupt": ("adapter", "checkpoint")}
+TARGETS = ("rollout", "train_rank", "driver", "adapter", "checkpoint")
+RECORD = "faults_fired.json"
 _SPEC = re.compile(r"(?P<kind>\w+):(?P<target>\w+)(?:=(?P<index>\d+))?@step=(?P<step>\d+)")
 
 
@@ -53,9 +64,10 @@ class Fault:
 def parse_fault(spec: str) -> Fault:
     """`KIND:TARGET[=INDEX]@step=N`, e.g. `kill:rollout@step=2`, `kill:train_rank=1@step=4`, `hang:rollout@step=3`."""
     m = _SPEC.fullmatch(spec.strip()) if isinstance(spec, str) else None
-    if m is None or m["kind"] not in KINDS or m["target"] not in TARGETS or int(m["step"]) < 1:
-        raise ValueError(f"fault {spec!r}: write KIND:TARGET[=INDEX]@step=N with KIND one of {', '.join(KINDS)}, "
-                         f"TARGET one of {', '.join(TARGETS)} and N >= 1, e.g. 'kill:train_rank=1@step=4'")
+    if m is None or m["target"] not in KINDS.get(m["kind"], ()) or int(m["step"]) < 1:
+        pairs = ", ".join(f"{k}:{t}" for k, targets in KINDS.items() for t in targets)
+        raise ValueError(f"fault {spec!r}: write KIND:TARGET[=INDEX]@step=N with KIND:TARGET one of {pairs} and "
+                         f"N >= 1, e.g. 'kill:train_rank=1@step=4'")
     return Fault(m["kind"], m["target"], int(m["index"] or 0), int(m["step"]))
 
 
@@ -84,17 +96,34 @@ class FaultConfig:
 
 
 class InjectionPlan:
-    """The driver's record of which faults are due and which already fired."""
+    """The driver's record of which faults are due and which already fired; with `record` (a file in the run
+    folder) the fired ones are written there before they fire and read back by a later driver of the run."""
 
-    def __init__(self, faults: Sequence[Fault], fired: Sequence[str] = ()):
+    def __init__(self, faults: Sequence[Fault], fired: Sequence[str] = (), record: str | Path | None = None):
         self.faults = list(faults)
+        self.record = Path(record) if record is not None else None
         self.fired = set(fired)
+        if self.record is not None and self.record.is_file():
+            self.fired.update(json.loads(self.record.read_text()))
 
     def take(self, step: int, target: str) -> list[Fault]:
         """The faults for `target` due in `step` that have not fired yet, marked as fired."""
         due = [f for f in self.faults if f.step == step and f.target == target and f.spec not in self.fired]
-        self.fired.update(f.spec for f in due)
+        if due:
+            self.fired.update(f.spec for f in due)
+            if self.record is not None:
+                atomic_write(str(self.record), json.dumps(sorted(self.fired)).encode())
         return due
+
+
+def flip_byte(path: str | Path) -> None:
+    """corrupt: one bit of the file's middle byte, in place (as bit rot or a torn write leaves a file)."""
+    with open(path, "r+b") as f:
+        size = f.seek(0, 2)
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 0x01]))
 
 
 def arm(actor, fault: Fault) -> None:

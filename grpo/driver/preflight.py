@@ -26,11 +26,20 @@ def check_run(config: RunConfig, files: bool = True) -> None:
     # A broken env fails here, not in an actor.
     envs.check_env(config.env.name, config.env.options, config.train_seed_offset)
     for f in config.fault.faults:
-        count = config.cluster.rollout_workers if f.target == "rollout" else config.cluster.train_ranks
+        count = {"rollout": config.cluster.rollout_workers, "train_rank": config.cluster.train_ranks}.get(f.target, 1)
         if f.index >= count or f.step > config.steps:
             raise ConfigError("RunConfig", "fault.inject", f.spec,
-                              f"a fault that can fire: index below {count} ({f.target}s in the cluster section) "
+                              f"a fault that can fire: index below {count} (the {f.target}s the run has) "
                               f"and step at most steps ({config.steps})")
+        if f.target == "checkpoint" and not _saves_at(f.step, config):
+            raise ConfigError("RunConfig", "fault.inject", f.spec, f"a step that saves a checkpoint (every "
+                              f"{config.checkpoint.every} steps and the last)")
+
+
+def _saves_at(step: int, config: RunConfig) -> bool:
+    from grpo.learner.checkpoint import should_save
+
+    return should_save(step, config.checkpoint.every, config.steps)
 
 
 def _check_adapter_matches_lora(config: RunConfig) -> None:

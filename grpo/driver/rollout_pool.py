@@ -47,6 +47,17 @@ class RolloutPool:
         if any(v != version for v in served):
             raise RuntimeError(f"rollout workers serve adapter versions {served}, expected {version}")
 
+    def rng_states(self) -> list:
+        """Each worker's random state, which its engine samples from (vLLM's sampler draws from the process's
+        torch generator when requests carry no seed of their own)."""
+        return gather([(f"rollout-{i}", w.__ray_call__.remote(_get_rng)) for i, w in enumerate(self.workers)],
+                      self.call_timeout_s, "rng_states")
+
+    def set_rng_states(self, states: list) -> None:
+        calls = [(f"rollout-{i}", w.__ray_call__.remote(_set_rng, state))
+                 for i, (w, state) in enumerate(zip(self.workers, states))]
+        gather(calls, self.call_timeout_s, "set_rng_states")
+
     def sleep(self) -> None:
         self._all("sleep")
 
@@ -85,6 +96,21 @@ class RolloutPool:
             with contextlib.suppress(OSError):
                 store.release(f"rollout-{i}")
         self.workers = []
+
+
+def _get_rng(_worker) -> dict:
+    import torch
+
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng(_worker, state: dict) -> None:
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def split(tasks: list[Task], n: int) -> list[tuple[int, list[Task]]]:

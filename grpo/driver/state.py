@@ -17,18 +17,20 @@ class RunState:
     version: int | None = None      # the adapter version the rollout workers serve
     eval_before: dict | None = None  # the eval before training (None until measured)
     started: float | None = None    # time.time() at which this process counts the run as begun
-    faults_fired: list = field(default_factory=list)  # injected faults (their specs) that already fired
+    # Each rollout worker's random state (the engine samples from it): a step replayed after a fault samples
+    # the episodes it sampled the first time. None: not saved (a checkpoint from before it was).
+    rollout_rng: list | None = None
 
     def to_dict(self) -> dict:
         return {"step": self.step, "cursor": self.cursor, "evals": self.evals, "wall_s": self.wall_s,
                 "version": self.version, "eval_before": self.eval_before, "started": self.started,
-                "faults_fired": list(self.faults_fired)}
+                "rollout_rng": self.rollout_rng}
 
     @classmethod
     def from_dict(cls, data: dict) -> RunState:
         return cls(step=data["step"], cursor=data["cursor"], evals=dict(data["evals"]), wall_s=data["wall_s"],
                    version=data.get("version"), eval_before=data.get("eval_before"), started=data.get("started"),
-                   faults_fired=list(data.get("faults_fired", ())))
+                   rollout_rng=data.get("rollout_rng"))
 
 
 class TaskSampler:

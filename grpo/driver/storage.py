@@ -28,16 +28,21 @@ _FIXES = {
 
 
 def storage_error(exc: BaseException) -> OSError | None:
-    """The OSError of a failed write behind `exc`, through Ray's wrapping of an actor's error and Python's
-    exception chain, or None when `exc` is something else."""
+    """The OSError of a failed write behind `exc`, or None when `exc` is something else."""
+    return cause(exc, lambda e: isinstance(e, OSError) and e.errno in _FIXES)
+
+
+def cause(exc: BaseException, match) -> BaseException | None:
+    """The first error behind `exc` (itself included) that `match` accepts, through Ray's wrapping of an
+    actor's error (`.cause`) and Python's exception chain."""
     seen = set()
     todo = [exc]
     while todo:
         e = todo.pop()
-        if e is None or id(e) in seen:
+        if not isinstance(e, BaseException) or id(e) in seen:  # an ActorFault's `cause` is its text
             continue
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _FIXES:
+        if match(e):
             return e
         todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
     return None

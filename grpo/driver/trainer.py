@@ -26,7 +26,8 @@ from grpo.config import RunConfig
 from grpo.driver import session, storage
 from grpo.driver.callbacks import CallbackList
 from grpo.driver.eval import eval_summary
-from grpo.driver.fault import ActorFault, InjectionPlan
+from grpo.driver.fault import RECORD as fault_record
+from grpo.driver.fault import ActorFault, InjectionPlan, flip_byte
 from grpo.driver.preflight import check_run
 from grpo.driver.progress import progress
 from grpo.driver.run_lock import RunLock
@@ -68,7 +69,7 @@ class Trainer:
         # Refused at once, before anything starts, when another live run holds the folder.
         lock = RunLock(self.run_dir).acquire()
         restore = session.catch_sigterm()
-        plan = InjectionPlan(self.config.fault.faults)
+        plan = InjectionPlan(self.config.fault.faults, record=self.run_dir / fault_record)
         self.state, self.restarts, self._step, self._recovery = RunState(), 0, 0, None
         try:
             self.callbacks.call("on_train_begin", self)
@@ -103,7 +104,7 @@ class Trainer:
 
     def _run(self, plan: InjectionPlan) -> dict:
         """Start the actors, restore the last checkpoint and train to the end; an ActorFault ends an attempt."""
-        cfg, state = self.config, self._resume_or_begin(plan)
+        cfg, state = self.config, self._resume_or_begin()
         sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state.cursor)
         bar = progress(state.step, cfg.steps, cfg.group_size, cfg.engine.max_model_len)
         try:
@@ -122,7 +123,9 @@ class Trainer:
                 reached = _reached(record, cfg.eval.target_success)
                 if checkpoint.should_save(step, cfg.checkpoint.every, cfg.steps) or reached:
                     with self.callbacks.phase(self, "checkpoint"):
-                        self._save(plan)
+                        self._save()
+                    for _ in plan.take(step, "checkpoint"):
+                        flip_byte(Path(checkpoint.latest(self.checkpoint_root).path) / "__0_0.distcp")
                 if reached:
                     break
         finally:
@@ -136,6 +139,8 @@ class Trainer:
         state, phase = self.state, self.callbacks.phase
         t0 = time.perf_counter()
         trajs, rstats, adv, kept, credit = self._sample(step, sampler, plan)
+        for fault in plan.take(step, "driver"):
+            fault.fire()  # SIGKILL of this process, as the out-of-memory killer would
         t1 = time.perf_counter()
         with phase(self, "sleep"):
             self.pool.sleep()
@@ -145,10 +150,12 @@ class Trainer:
         t2 = time.perf_counter()
         with phase(self, "publish"):
             state.version = self.group.publish(self.store_root)
+        for _ in plan.take(step, "adapter"):
+            flip_byte(Path(self.store_root) / "adapters" / f"v{state.version:06d}" / "adapter_model.safetensors")
         with phase(self, "wake_up"):
             self.pool.wake_up()
         with phase(self, "hotload"):
-            self.pool.sync_adapter(state.version)
+            self._serve_new_adapter()
         t3 = time.perf_counter()
         state.step, state.cursor = step, sampler.cursor
         record = {"step": step, "rollout_adapter_version": rstats_version(trajs), "adapter_version": state.version,
@@ -186,6 +193,22 @@ class Trainer:
         rstats.update(groups_drawn=drawn, groups_trained=trained, draw_rounds=len(parts),
                       draws_per_kept_group=drawn / trained if trained else None)
         return trajs, rstats, adv, kept, credit
+
+    def _serve_new_adapter(self) -> None:
+        """Hot-load the version just published. A version whose files fail verification as the workers read it
+        (storage that tore or flipped them after the write) is published again from the trainer's weights."""
+        from sync import AdapterCorruptError
+
+        try:
+            self.pool.sync_adapter(self.state.version)
+        except Exception as e:
+            bad = storage.cause(e, lambda x: isinstance(x, AdapterCorruptError))
+            if bad is None:
+                raise
+            print(f"[grpo] adapter v{self.state.version} failed verification as the rollout workers loaded it "
+                  f"({bad.file} fails its sha256); publishing it again", file=sys.stderr, flush=True)
+            self.state.version = self.group.publish(self.store_root)
+            self.pool.sync_adapter(self.state.version)
 
     def evaluate(self, seeds=None, label: str = "eval") -> dict:
         """Greedy episodes on the fixed evaluation seeds with the adapter the workers serve now; every episode
@@ -237,7 +260,7 @@ class Trainer:
             raise RuntimeError(f"rollouts used adapter versions {sorted(used, key=str)}, expected {expected}: "
                                "the hot-load after the last publish did not take effect")
 
-    def _resume_or_begin(self, plan: InjectionPlan) -> RunState:
+    def _resume_or_begin(self) -> RunState:
         """Fresh actors, the last checkpoint restored (or a new run begun), a fresh adapter version served."""
         with self.callbacks.phase(self, "actors_start"):
             self._start_actors()
@@ -251,11 +274,14 @@ class Trainer:
         else:
             state = RunState()
         self.state, self._step = state, state.step + 1
-        # A fault that fired before the checkpoint (in an earlier process) does not fire again on resume.
-        plan.fired.update(state.faults_fired)
         # The steps after the checkpoint run again: their earlier lines go, one line a step stays.
         drop_steps_after(self.run_dir / "metrics.jsonl", state.step)
         drop_steps_after(self.run_dir / "samples.jsonl", state.step)
+        if state.rollout_rng is not None and len(state.rollout_rng) == len(self.pool.workers):
+            self.pool.set_rng_states(state.rollout_rng)
+        elif state.rollout_rng is not None:
+            print(f"[grpo] the rollout workers' random state is not restored ({len(state.rollout_rng)} saved, "
+                  f"{len(self.pool.workers)} workers now): the replayed steps sample other episodes", file=sys.stderr)
         # Always a new version: the store may hold versions published after the checkpoint.
         state.version = self.group.publish(self.store_root)
         self.pool.sync_adapter(state.version)
@@ -321,9 +347,10 @@ class Trainer:
     def _stop_line(self, why: str) -> str:
         return f"[grpo] {why} {self._where()}; {self._checkpoint_phrase()}; run the same command to resume"
 
-    def _save(self, plan: InjectionPlan) -> None:
+    def _save(self) -> None:
         state = self.state
-        state.faults_fired, state.wall_s = sorted(plan.fired), time.time() - state.started
+        state.wall_s = time.time() - state.started
+        state.rollout_rng = self.pool.rng_states()
         self.group.save_checkpoint(self.checkpoint_root, state=state.to_dict(), keep_last=self.config.checkpoint.keep)
 
     def _finish(self) -> dict:
