@@ -114,7 +114,7 @@ def test_seed_table_gives_each_seed_and_the_spread_over_seeds():
     assert seeds.reached(runs[0][1], 0.95) == {"step": 4, "wall_s": 400.0, "groups_drawn": 24 + 32 + 40 + 48}
     assert seeds.reached(runs[1][1], 0.95) == {"step": None, "wall_s": None, "groups_drawn": None}
     rows = [seeds.row(s, summary, metrics, 0.95) for s, (summary, metrics) in runs.items()]
-    assert rows[0]["groups_drawn"] == 144 and rows[0]["groups_trained"] == 54 and rows[0]["draws_per_kept_group"] == 2.67
+    assert (rows[0]["groups_drawn"], rows[0]["groups_trained"], rows[0]["draws_per_kept_group"]) == (144, 54, 2.67)
     lines = seeds.table(rows, 16).splitlines()
     assert lines[2] == ("| 0 | 0: 40.6%, 2: 90.0%, 4: 96.9% | 4 | 400 s | 96.9% | 93.8% | 144 / 54 (2.67) |")
     assert lines[3].startswith("| 1 | 0: 40.6%, 2: 90.0%, 4: 92.2% | not reached | - | 92.2% |")
