@@ -50,16 +50,19 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
-def plot(results: dict[str, dict], out_png: Path) -> Path:
+def plot(curves: dict[str, list[tuple[int, float]]], out_png: Path, target: float | None = None) -> Path:
+    """Greedy-eval curves, one line per label (a run, a seed), with the target as a dashed line if given."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    for name, s in results.items():
-        xs, ys = zip(*eval_curve(s))
-        ax.plot(xs, ys, marker="o", markersize=3, label=name)
+    for label, curve in curves.items():
+        xs, ys = zip(*curve)
+        ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("greedy success, 64 fixed mazes")
     ax.set_ylim(0, 1.02)
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
         results[name] = grpo.Trainer(config).fit()
         print(f"[ablate] {name}: {results[name]['eval_before']:.1%} -> {results[name]['eval_after']:.1%} "
               f"({time.time() - t0:.0f} s)", flush=True)
-    png = plot(results, out / "ablation.png")
+    png = plot({name: eval_curve(s) for name, s in results.items()}, out / "ablation.png")
     text = table(results)
     (out / "ablation.md").write_text(text + "\n")
     (out / "ablation.json").write_text(json.dumps({k: {key: v.get(key) for key in _KEPT} for k, v in results.items()},

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from envs.seeds import parse_seeds
 from examples.maze import maze_config as mc
-from examples.maze.ablate import _pct, eval_curve
+from examples.maze.ablate import _pct, eval_curve, plot
 
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
@@ -90,28 +90,6 @@ def _spread(values: list[float], unit: str) -> str:
             f"{min(values):.1f}-{max(values):.1f}{unit}")
 
 
-def plot(rows: list[dict], out_png: Path, target: float) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    for r in rows:
-        xs, ys = zip(*r["curve"])
-        ax.plot(xs, ys, marker="o", markersize=3, label=f"seed {r['seed']}")
-    ax.axhline(target, color="grey", linestyle="--", linewidth=1)
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("greedy success, 64 fixed mazes")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
-    return out_png
-
-
 def write_docs(text: str, readme: Path = README) -> None:
     """The table between the maze README's markers (the PNG sits beside it as seeds.png)."""
     doc = readme.read_text()
@@ -143,7 +121,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         summary = json.loads((run_dir / "summary.json").read_text())
         rows.append(row(seed, summary, step_lines(run_dir), config.eval.target_success))
     text = table(rows, config.tasks_per_step)
-    png = plot(rows, out / "seeds.png", config.eval.target_success)
+    png = plot({f"seed {r['seed']}": r["curve"] for r in rows}, out / "seeds.png", config.eval.target_success)
     (out / "seeds.md").write_text(text + "\n")
     (out / "seeds.json").write_text(json.dumps(rows, indent=1) + "\n")
     if args.docs:
