@@ -2,6 +2,7 @@
 with one [grpo] line and a non-zero exit, loses nothing it wrote before, and resumes once the storage is fixed."""
 import errno
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -18,14 +19,16 @@ def test_the_failed_write_is_found_behind_rays_wrapping_and_described():
     from ray.exceptions import RayTaskError
 
     full = OSError(errno.ENOSPC, "No space left on device", "/data/run/store/adapters/.tmp-v3/a.safetensors")
-    wrapped = RayTaskError("TrainWorker.publish", "traceback text", full)
+    # What Ray raises in the driver is an OSError too, with the errno and without the file name.
+    wrapped = RayTaskError("TrainWorker.publish", "traceback text", full).as_instanceof_cause()
+    assert isinstance(wrapped, OSError) and wrapped.filename is None
     try:
         try:
             raise wrapped
         except RayTaskError as e:
             raise RuntimeError("the step failed") from e
     except RuntimeError as outer:
-        assert storage.storage_error(outer).errno == errno.ENOSPC
+        assert storage.storage_error(outer) is full
     assert storage.storage_error(ValueError("a bug")) is None
     assert storage.storage_error(ActorFault("rollout-0", "ActorDiedError during rollout")) is None  # a text cause
     assert storage.storage_error(FileNotFoundError(errno.ENOENT, "gone", "/x")) is None  # a bug as often as not
@@ -57,13 +60,15 @@ class _BreakStorage(grpo.Callback):
 
 
 def _fill(disk: Path) -> None:
-    with open(disk / "filler", "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (1 << 16))
-                f.flush()
-        except OSError as e:
-            assert e.errno == errno.ENOSPC
+    # Unbuffered: a buffered file would raise ENOSPC once more as it closes, in the callback.
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * (1 << 16))
+    except OSError as e:
+        assert e.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
 
 
 def _read_only(disk: Path) -> None:

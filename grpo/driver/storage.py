@@ -28,8 +28,12 @@ _FIXES = {
 
 
 def storage_error(exc: BaseException) -> OSError | None:
-    """The OSError of a failed write behind `exc`, or None when `exc` is something else."""
-    return cause(exc, lambda e: isinstance(e, OSError) and e.errno in _FIXES)
+    """The OSError of a failed write behind `exc`, or None when `exc` is something else. One that names its
+    file first: Ray re-raises an actor's OSError as a copy that keeps the errno but not the file name."""
+    def failed_write(e):
+        return isinstance(e, OSError) and e.errno in _FIXES
+
+    return cause(exc, lambda e: failed_write(e) and e.filename is not None) or cause(exc, failed_write)
 
 
 def cause(exc: BaseException, match) -> BaseException | None:
