@@ -19,6 +19,7 @@ from _fixtures_train import (
 )
 
 from grpo.algo.config import AlgorithmConfig
+from grpo.driver.fault import flip_byte
 from grpo.learner import checkpoint
 from grpo.learner.config import TrainConfig
 from grpo.learner.worker import TrainWorker
@@ -96,12 +97,6 @@ def test_latest_and_garbage_collection(tiny_vl, tmp_path):
     assert f"{Path(paths[1]).name}: .metadata is gone" in str(e.value) and "delete" in str(e.value)
 
 
-def _flip_byte(path: Path, offset: int = 100) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset % len(data)] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
 def test_a_corrupt_or_torn_newest_checkpoint_is_skipped_for_the_one_before(tiny_vl, tmp_path):
     w = worker(tiny_vl)
     data = batches(w.processor, 1)
@@ -110,7 +105,7 @@ def test_a_corrupt_or_torn_newest_checkpoint_is_skipped_for_the_one_before(tiny_
         w.train_step(*data[0])
         paths.append(w.save_checkpoint(tmp_path, keep_last=3))
     expected = saved_state(paths[1])
-    _flip_byte(Path(paths[2]) / "__0_0.distcp")  # one bit of the LoRA weights or optimizer state
+    flip_byte(Path(paths[2]) / "__0_0.distcp")  # one bit of the LoRA weights or optimizer state
     resumed = worker(tiny_vl)
     info = resumed.load_checkpoint(tmp_path)
     assert info["step"] == 2 and info["path"] == paths[1]

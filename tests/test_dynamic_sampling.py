@@ -1,6 +1,7 @@
 """Dynamic sampling (DAPO): a step draws new tasks until `tasks_per_step` groups carry signal, up to a cap."""
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -65,9 +66,8 @@ def _driver(dynamic: bool, tasks_per_step: int = 4, factor: int = 4):
     algo = AlgorithmConfig(group_size=2, drop_zero_signal_groups=True, dynamic_sampling=dynamic,
                            max_draw_factor=factor, scale_rewards="none")
     cfg = SimpleNamespace(algorithm=algo, group_size=2, tasks_per_step=tasks_per_step, rollout=None)
-    phase = lambda *a: __import__("contextlib").nullcontext()  # noqa: E731
     return SimpleNamespace(config=cfg, state=SimpleNamespace(version=3),
-                           callbacks=SimpleNamespace(phase=phase),
+                           callbacks=SimpleNamespace(phase=lambda *_: contextlib.nullcontext()),
                            _advantages=lambda trajs: Trainer._advantages(SimpleNamespace(config=cfg), trajs),
                            _check_versions=lambda trajs, v: Trainer._check_versions(None, trajs, v))
 

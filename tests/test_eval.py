@@ -90,16 +90,14 @@ def test_a_corrupt_adapter_is_refused_with_one_that_verifies(tmp_path, tiny_vl, 
     import torch
 
     from grpo.driver.eval import verified
+    from grpo.driver.fault import flip_byte
     from sync import AdapterStore, AdapterStoreError
 
     store = AdapterStore(tmp_path / "store")
     config = {"r": 4, "lora_alpha": 8, "base_model_name_or_path": str(tiny_vl), "peft_type": "LORA"}
     v1, v2 = (store.verify(store.publish({"w": torch.full((4, 4), float(v))}, config)).path for v in (1, 2))
     assert verified(v2) == v2
-    weights = Path(v2) / "adapter_model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[-3] ^= 0x10  # a flipped bit in the weights
-    weights.write_bytes(bytes(data))
+    flip_byte(Path(v2) / "adapter_model.safetensors")  # a flipped bit in the weights
     with pytest.raises(AdapterStoreError, match=f"sha256.*--adapter {v1} \\(v1, the newest that verifies\\)"):
         verified(v2)
     assert main(["eval", v2, "--model", str(tiny_vl)]) == 2
