@@ -7,6 +7,7 @@ import contextlib
 import os
 
 from grpo.driver.fault import Fault, arm, gather
+from grpo.learner import checkpoint
 from rollout.engine import EngineConfig
 from rollout.trajectory import RolloutStats, Trajectory, merge_stats
 from rollout.worker import RolloutConfig, RolloutWorker, Task
@@ -99,18 +100,11 @@ class RolloutPool:
 
 
 def _get_rng(_worker) -> dict:
-    import torch
-
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    return checkpoint.rng_state()
 
 
 def _set_rng(_worker, state: dict) -> None:
-    import torch
-
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    checkpoint.set_rng_state(state)
 
 
 def split(tasks: list[Task], n: int) -> list[tuple[int, list[Task]]]:
