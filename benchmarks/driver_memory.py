@@ -4,8 +4,9 @@
 
 Each size (tasks a step, 8 episodes each) is one GRPO step of the maze warm start (`make maze`'s config, one
 update pass over the batch so the large step stays minutes, not tens of minutes), run in a fresh process so
-that its peak resident memory (ru_maxrss) is its own. The driver receives every episode, with its images,
-from the rollout workers and passes them to the train ranks; its peak grows with what it holds at once.
+that its peak resident memory (ru_maxrss) is its own. The episodes go from the rollout workers to the train
+ranks through Ray's object store; the driver holds their headers (rewards, turns) and one reference a group,
+so its peak should stay flat as the episodes grow.
 The last line printed is one JSON object, also written to benchmarks/results/driver_memory.json:
 `rss_ratio` is the peak at the largest size over the peak at the smallest.
 """

@@ -10,6 +10,7 @@ from grpo.algo.advantages import next_draw
 from grpo.algo.config import AlgorithmConfig, ConfigError
 from grpo.driver.fault import InjectionPlan
 from grpo.driver.state import TaskSampler
+from grpo.driver.train_group import StoredEpisodes
 from grpo.driver.trainer import Trainer
 from rollout.trajectory import RolloutStats, merge_stats
 
@@ -55,11 +56,11 @@ class _Pool:
     def __init__(self, table):
         self.table, self.calls = table, []
 
-    def rollout(self, tasks, group_size, config, faults=()):
+    def rollout_stored(self, tasks, group_size, config, faults=()):
         self.calls.append([t.seed for t in tasks])
         trajs = [SimpleNamespace(reward=r, group_id=k, adapter_version=3, seed=t.seed)
                  for k, t in enumerate(tasks) for r in self.table(t.seed)]
-        return trajs, _stats(len(trajs), 1.0)
+        return trajs, [f"ref-{t.seed}" for t in tasks], _stats(len(trajs), 1.0)
 
 
 def _driver(dynamic: bool, tasks_per_step: int = 4, factor: int = 4):
@@ -81,11 +82,12 @@ def test_a_step_draws_until_its_batch_is_full_of_groups_with_signal():
     # Seeds 100-103: only 101 has mixed rewards; from 104 on every third seed does.
     mixed = lambda seed: [1.0, 0.0] if seed == 101 or (seed >= 104 and seed % 3 == 0) else [1.0, 1.0]  # noqa: E731
     pool = _Pool(mixed)
-    (trajs, stats, adv, kept, credit), sampler = _sample(_driver(True), pool)
+    (trajs, groups, stats, adv, kept, credit), sampler = _sample(_driver(True), pool)
     # 1 of 4 with signal: 3 more need 12 draws (104-115: 105, 108, 111, 114 are mixed); the first 3 are kept.
     assert pool.calls == [[100, 101, 102, 103], list(range(104, 116))]
     assert sampler.cursor == 16 and len(trajs) == 32
     assert [t.group_id for t in trajs] == [k for k in range(16) for _ in range(2)]
+    assert groups == [f"ref-{seed}" for seed in range(100, 116)]  # one object a group, in the episodes' order
     assert sorted({trajs[i].seed for i in kept}) == [101, 105, 108, 111]
     assert all(adv[i] != 0 for i in kept)
     assert stats["groups_drawn"] == 16 and stats["groups_trained"] == 4 and stats["draw_rounds"] == 2
@@ -95,7 +97,7 @@ def test_a_step_draws_until_its_batch_is_full_of_groups_with_signal():
 
 def test_a_step_stops_at_its_cap_and_trains_on_what_it_found():
     pool = _Pool(lambda seed: [1.0, 0.0] if seed == 102 else [0.0, 0.0])
-    (trajs, stats, _, kept, _), sampler = _sample(_driver(True, factor=3), pool)
+    (trajs, _, stats, _, kept, _), sampler = _sample(_driver(True, factor=3), pool)
     assert pool.calls == [[100, 101, 102, 103], list(range(104, 112))] and sampler.cursor == 12
     assert [trajs[i].seed for i in kept] == [102, 102]
     assert stats["groups_drawn"] == 12 and stats["groups_trained"] == 1 and stats["draws_per_kept_group"] == 12.0
@@ -103,6 +105,11 @@ def test_a_step_stops_at_its_cap_and_trains_on_what_it_found():
 
 def test_without_dynamic_sampling_a_step_draws_once():
     pool = _Pool(lambda seed: [1.0, 1.0])
-    (trajs, stats, _, kept, _), sampler = _sample(_driver(False), pool)
+    (trajs, _, stats, _, kept, _), sampler = _sample(_driver(False), pool)
     assert pool.calls == [[100, 101, 102, 103]] and kept == [] and sampler.cursor == 4
     assert stats["groups_trained"] == 0 and stats["draws_per_kept_group"] is None
+
+
+def test_stored_episodes_carry_only_the_groups_they_train_on():
+    stored = StoredEpisodes.of(["g0", "g1", "g2", "g3"], [2, 3, 6, 7], group_size=2)
+    assert stored.groups == ["g1", "g3"] and stored.picks == [(0, 0), (0, 1), (1, 0), (1, 1)]

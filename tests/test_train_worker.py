@@ -8,7 +8,7 @@ import torch
 from _fixtures_train import advantages, assert_same_state, max_abs_diff, saved_state, trajectories
 
 from grpo.algo.config import AlgorithmConfig, ConfigError
-from grpo.driver.train_group import TrainGroup
+from grpo.driver.train_group import StoredEpisodes, TrainGroup
 from grpo.learner import forward
 from grpo.learner.config import TrainConfig
 from grpo.learner.lora import LoraConfig, apply_lora, randomize_adapter
@@ -134,9 +134,12 @@ def ray_session():
 @pytest.fixture(scope="module")
 def two_ranks(ray_session, tiny_vl, start_adapter, tmp_path_factory):
     """Three steps on 2 FSDP ranks with a checkpoint after the second, one process beside the first step,
-    then new ranks that resume from the checkpoint and redo the third step; those stay up for the tests.
+    then new ranks that resume from the checkpoint and redo the third step, reading it from Ray's object store
+    as the driver hands it over (StoredEpisodes: groups of two, one group left out); those stay up for the tests.
     Seven sequences, three per micro-batch: one rank gets four (two passes), the other three (one pass
     and a zero-weight filler pass that keeps FSDP's collectives in step)."""
+    import ray
+
     root = tmp_path_factory.mktemp("two-ranks")
     processor = forward.load_processor(tiny_vl)
     batches = [(trajectories(processor, 7, seed=s), advantages(7, seed=s)) for s in range(3)]
@@ -159,7 +162,9 @@ def two_ranks(ray_session, tiny_vl, start_adapter, tmp_path_factory):
     try:
         run["resumed_info"] = resumed.load_checkpoint(root / "ckpt")
         run["resumed_draw"] = random.random()
-        resumed.train_step(*batches[2])
+        trajs, adv = batches[2]
+        groups = [ray.put(trajs[k:k + 2]) for k in range(0, 7, 2)] + [ray.put(trajs[:2])]
+        resumed.train_step(StoredEpisodes.of(groups, range(7), 2), adv)
         run["resumed"] = saved_state(resumed.save_checkpoint(root / "resumed"))
         run["group"] = resumed
         yield run

@@ -4,6 +4,7 @@ Every call waits at most `call_timeout_s`; a worker that died or did not answer 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 
 from grpo.driver.fault import Fault, arm, gather
@@ -82,6 +83,30 @@ class RolloutPool:
             trajs.extend(chunk)
         return trajs, merge_stats([s for _, s in results])
 
+    def rollout_stored(self, tasks: list[Task], group_size: int, config: RolloutConfig,
+                       faults: list[Fault] = ()) -> tuple[list[Trajectory], list, RolloutStats]:
+        """As rollout, but the episodes' token segments and images never enter this process: each group's
+        episodes come back as one Ray object (a return of the worker's call, so this process owns it and it
+        outlives the worker) that the train ranks read. Returns the episodes without their segments (what
+        advantages, checks and metrics read), one ObjectRef a group in batch order, and the stats."""
+        for f in faults:
+            arm(self.workers[f.index], f)
+        slices = split(tasks, len(self.workers))
+        calls, groups = [], []
+        for i, (w, (_, part)) in enumerate(zip(self.workers, slices)):
+            if part:
+                refs = w.__ray_call__.options(num_returns=1 + len(part)).remote(
+                    _rollout_stored, part, group_size, config)
+                calls.append((f"rollout-{i}", refs[0]))
+                groups.extend(refs[1:])
+        results = gather(calls, self.call_timeout_s, "rollout")
+        headers: list[Trajectory] = []
+        for offset, (chunk, _) in zip([offset for offset, part in slices if part], results):
+            for t in chunk:
+                t.group_id += offset
+            headers.extend(chunk)
+        return headers, groups, merge_stats([s for _, s in results])
+
     def shutdown(self) -> None:
         """Kill the workers, alive, hung or dead, and drop their adapter leases (a killed worker cannot release
         its own); safe to call twice."""
@@ -97,6 +122,28 @@ class RolloutPool:
             with contextlib.suppress(OSError):
                 store.release(f"rollout-{i}")
         self.workers = []
+
+
+def _rollout_stored(worker: RolloutWorker, tasks: list[Task], group_size: int, config: RolloutConfig) -> tuple:
+    trajs, stats = worker.rollout(tasks, group_size, config)
+    headers = [dataclasses.replace(t, segments=[]) for t in trajs]
+    return ((headers, stats), *(trajs[k * group_size:(k + 1) * group_size] for k in range(len(tasks))))
+
+
+def fetch(groups: list, headers: list[Trajectory], indices: list[int]) -> list[Trajectory]:
+    """The whole episodes at `indices` of a batch that rollout_stored returned, read from the object store
+    (only the groups that hold them), with the batch-wide group ids of their headers."""
+    import ray
+
+    size = len(headers) // len(groups)
+    wanted = sorted({i // size for i in indices})
+    got = dict(zip(wanted, ray.get([groups[k] for k in wanted])))
+    out = []
+    for i in indices:
+        traj = got[i // size][i % size]
+        traj.group_id = headers[i].group_id
+        out.append(traj)
+    return out
 
 
 def _get_rng(_worker) -> dict:

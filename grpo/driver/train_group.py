@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -12,6 +13,29 @@ from grpo.learner import checkpoint
 from grpo.learner.config import TrainConfig
 from grpo.learner.lora import LoraConfig
 from grpo.learner.worker import TrainWorker
+
+
+@dataclass
+class StoredEpisodes:
+    """A batch that stays in Ray's object store until the train ranks read it: one ObjectRef a group
+    (grpo.driver.rollout_pool.RolloutPool.rollout_stored) and the (group, position) of each episode to train
+    on, in order. The driver holds the references, never the token segments and images."""
+    groups: list
+    picks: list[tuple[int, int]]
+
+    @classmethod
+    def of(cls, groups: list, indices: Sequence[int], group_size: int) -> StoredEpisodes:
+        """The episodes at `indices` of a batch of `groups`, carrying only the groups they are in."""
+        used = sorted({i // group_size for i in indices})
+        at = {k: n for n, k in enumerate(used)}
+        return cls([groups[k] for k in used], [(at[i // group_size], i % group_size) for i in indices])
+
+
+def _train_stored(worker: TrainWorker, episodes: StoredEpisodes, advantages: list) -> dict[str, float]:
+    import ray
+
+    groups = ray.get(episodes.groups)
+    return worker.train_step([groups[k][j] for k, j in episodes.picks], advantages)
 
 
 class TrainGroup:
@@ -75,8 +99,10 @@ class TrainGroup:
         return gather(self._named([getattr(w, method).remote(*args, **kwargs) for w in self.workers]),
                       self.call_timeout_s, method)
 
-    def train_step(self, trajectories: Sequence, advantages, faults: Sequence = ()) -> dict[str, float]:
-        """One step on every rank; `faults` (injected, grpo.driver.fault) fire in the named ranks during it."""
+    def train_step(self, trajectories: Sequence | StoredEpisodes, advantages,
+                   faults: Sequence = ()) -> dict[str, float]:
+        """One step on every rank, on trajectories or on episodes left in the object store (StoredEpisodes);
+        `faults` (injected, grpo.driver.fault) fire in the named ranks during it."""
         import ray
 
         if torch.is_tensor(advantages):
@@ -84,7 +110,12 @@ class TrainGroup:
         for f in faults:
             arm(self.workers[f.index], f)
         # One copy in the object store, read by every rank.
-        metrics = self._all("train_step", ray.put(list(trajectories)), ray.put(list(advantages)))[0]
+        advantages = ray.put(list(advantages))
+        if isinstance(trajectories, StoredEpisodes):
+            calls = [w.__ray_call__.remote(_train_stored, trajectories, advantages) for w in self.workers]
+            metrics = gather(self._named(calls), self.call_timeout_s, "train_step")[0]
+        else:
+            metrics = self._all("train_step", ray.put(list(trajectories)), advantages)[0]
         self.step = int(metrics["step"])
         return metrics
 

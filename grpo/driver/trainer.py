@@ -30,8 +30,10 @@ from grpo.driver.fault import RECORD as fault_record
 from grpo.driver.fault import ActorFault, InjectionPlan, flip_byte
 from grpo.driver.preflight import check_run
 from grpo.driver.progress import progress
+from grpo.driver.rollout_pool import RolloutPool, fetch
 from grpo.driver.run_lock import RunLock
 from grpo.driver.state import RunState, TaskSampler
+from grpo.driver.train_group import StoredEpisodes, TrainGroup
 from grpo.learner import checkpoint
 from grpo.report import summary as run_summary
 from grpo.report.curves import plot_curves
@@ -110,11 +112,12 @@ class Trainer:
         try:
             for step in range(state.step + 1, cfg.steps + 1):
                 self._step = step
-                record, trajs = self._train_step(step, sampler, plan)
+                record, batch = self._train_step(step, sampler, plan)
                 if cfg.eval.every and step % cfg.eval.every == 0:
                     record["eval"] = state.evals[str(step)] = self.evaluate(label=f"step {step}")
                 record["wall_s"] = time.time() - state.started  # the run's clock, over all its processes
-                self._record_episodes(step, trajs, record)
+                self._record_episodes(step, *batch, record)
+                del batch  # the step's episodes leave the object store
                 self.callbacks.call("on_step_end", self, record)
                 self.sink.log(record)
                 if self._recovery is not None:
@@ -134,19 +137,20 @@ class Trainer:
             self._log_restart()
         return self._finish()
 
-    def _train_step(self, step: int, sampler: TaskSampler, plan: InjectionPlan) -> tuple[dict, list]:
-        """Rollouts, advantages, the update and the new adapter served: the step's record and episodes."""
+    def _train_step(self, step: int, sampler: TaskSampler, plan: InjectionPlan) -> tuple[dict, tuple]:
+        """Rollouts, advantages, the update and the new adapter served: the step's record and its episodes
+        (without their segments, and one ObjectRef a group: they stay in the object store, see _sample)."""
         state, phase = self.state, self.callbacks.phase
         t0 = time.perf_counter()
-        trajs, rstats, adv, kept, credit = self._sample(step, sampler, plan)
+        trajs, groups, rstats, adv, kept, credit = self._sample(step, sampler, plan)
         for fault in plan.take(step, "driver"):
             fault.fire()  # SIGKILL of this process, as the out-of-memory killer would
         t1 = time.perf_counter()
         with phase(self, "sleep"):
             self.pool.sleep()
         with phase(self, "train"):
-            tstats = self.group.train_step([trajs[i] for i in kept], [adv[i] for i in kept],
-                                           faults=plan.take(step, "train_rank"))
+            tstats = self.group.train_step(StoredEpisodes.of(groups, kept, self.config.group_size),
+                                           [adv[i] for i in kept], faults=plan.take(step, "train_rank"))
         t2 = time.perf_counter()
         with phase(self, "publish"):
             state.version = self.group.publish(self.store_root)
@@ -161,38 +165,39 @@ class Trainer:
         record = {"step": step, "rollout_adapter_version": rstats_version(trajs), "adapter_version": state.version,
                   "rollout": rstats, "train": tstats, **credit,
                   "time": {"rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0}}
-        return record, trajs
+        return record, (trajs, groups)
 
     def _sample(self, step: int, sampler: TaskSampler, plan: InjectionPlan) -> tuple:
         """The step's episodes and their advantages: one draw of `tasks_per_step` tasks, or with dynamic sampling
         more draws until that many groups carry signal (at most max_draw_factor x tasks_per_step tasks); the
         step trains on the first `tasks_per_step` groups with signal in draw order. Returns every episode
         drawn, their merged stats, the advantages, the indices of the episodes trained on and the credit
-        figures (the group counts among them)."""
+        figures (the group counts among them). The episodes come without their token segments and images, with
+        one ObjectRef a group in the object store, so the driver's memory does not grow with the batch."""
         cfg, algo, phase = self.config, self.config.algorithm, self.callbacks.phase
         g, wanted = cfg.group_size, cfg.tasks_per_step
         cap = wanted * algo.max_draw_factor if algo.dynamic_sampling else wanted
-        trajs, parts, faults, n = [], [], plan.take(step, "rollout"), wanted
+        trajs, groups, parts, faults, n = [], [], [], plan.take(step, "rollout"), wanted
         while n:
             with phase(self, "rollout"):
-                part, stats = self.pool.rollout(sampler.take(n), g, cfg.rollout, faults=faults)
+                part, refs, stats = self.pool.rollout_stored(sampler.take(n), g, cfg.rollout, faults=faults)
             for t in part:
                 t.group_id += len(trajs) // g
-            trajs, faults = trajs + part, []
+            trajs, groups, faults = trajs + part, groups + refs, []
             parts.append(stats)
             self._check_versions(part, self.state.version)
             with phase(self, "advantages"):
                 adv, kept, credit = self._advantages(trajs)
-            groups = sorted({i // g for i in kept})
-            n = next_draw(wanted, len(groups), len(trajs) // g, cap) if algo.dynamic_sampling else 0
+            signal = sorted({i // g for i in kept})
+            n = next_draw(wanted, len(signal), len(trajs) // g, cap) if algo.dynamic_sampling else 0
         if algo.dynamic_sampling:
-            chosen = set(groups[:wanted])
+            chosen = set(signal[:wanted])
             kept = [i for i in kept if i // g in chosen]
         drawn, trained = len(trajs) // g, len({i // g for i in kept})
         rstats = merge_stats(parts, sequential=True).as_dict()
         rstats.update(groups_drawn=drawn, groups_trained=trained, draw_rounds=len(parts),
                       draws_per_kept_group=drawn / trained if trained else None)
-        return trajs, rstats, adv, kept, credit
+        return trajs, groups, rstats, adv, kept, credit
 
     def _serve_new_adapter(self) -> None:
         """Hot-load the version just published. A version whose files fail verification as the workers read it
@@ -246,12 +251,13 @@ class Trainer:
                       step_adv_abs_mean=_mean_abs([s for per_turn in steps.advantages for s in per_turn]))
         return adv, kept, credit
 
-    def _record_episodes(self, step: int, trajs, record: dict) -> None:
+    def _record_episodes(self, step: int, trajs, groups: list, record: dict) -> None:
         """The mean of each reward function the env reports (`reward/<name>`), and a few decoded episodes."""
         rewards = reward_components(trajs)
         if rewards:
             record["reward"] = rewards
-        self.samples.write(pick(trajs, self.config.metrics.samples_per_step), step=step)
+        shown = pick(list(range(len(trajs))), self.config.metrics.samples_per_step)
+        self.samples.write(fetch(groups, trajs, shown) if shown else [], step=step)
 
     def _check_versions(self, trajs, expected: int) -> None:
         # The alarm for the worst silent failure: rollouts quietly sampling a stale adapter.
@@ -399,9 +405,6 @@ class Trainer:
     def _start_actors(self) -> None:
         """Rollout workers and train ranks, fresh: at the start and after every fault."""
         import ray
-
-        from grpo.driver.rollout_pool import RolloutPool
-        from grpo.driver.train_group import TrainGroup
 
         cfg, c, f = self.config, self.config.cluster, self.config.fault
         gpus = ray.cluster_resources().get("GPU", 0) > 0
