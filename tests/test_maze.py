@@ -299,3 +299,15 @@ def test_progress_reward_is_the_shortening_of_the_way_to_the_target():
     assert MazeEnv().progress_reward == 0.0  # sparse by default
     with pytest.raises(ValueError, match="progress_reward"):
         MazeEnv(progress_reward=-1)
+
+
+def test_turn_cost_ranks_two_solutions_by_their_length():
+    env = MazeEnv(turn_cost=0.01)
+    env.reset(0)
+    moves = expert_actions(env.maze)
+    shortest = sum(env.step(a).reward for a in moves)
+    env.reset(0)
+    detour = env.step("('move', 0)").reward + sum(env.step(a).reward for a in moves)  # a bump first: one turn more
+    assert shortest == pytest.approx(1.0 - 0.01 * len(moves)) and detour == pytest.approx(shortest - 0.01)
+    with pytest.raises(ValueError, match="turn_cost"):
+        MazeEnv(turn_cost=1.5)

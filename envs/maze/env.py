@@ -82,8 +82,9 @@ class MazeEnv(Env):
     counts as a turn), `format_reward` added on every turn whose action parsed (keep it small next to the
     task reward of 1), `progress_reward` times the moves by which a turn shortened the way to the target
     (negative when it lengthened it; a potential-based shaping, so the best policy stays the shortest
-    path; 0: the sparse task reward only), `keep_images` whether the rollout keeps earlier images in the
-    conversation. `info["task_reward"]` is always the sparse 1-on-success alone.
+    path; 0: the sparse task reward only), `turn_cost` taken off every turn (so that of two episodes that
+    both solve the maze the shorter one scores higher; the shortest path stays the best policy),
+    `keep_images` whether the rollout keeps earlier images in the conversation. `info["task_reward"]` is always the sparse 1-on-success alone.
     """
 
     def __init__(
@@ -93,6 +94,7 @@ class MazeEnv(Env):
         max_turns: int = DEFAULT_MAX_TURNS,
         format_reward: float = 0.0,
         progress_reward: float = 0.0,
+        turn_cost: float = 0.0,
         keep_images: bool = False,  # the latest image shows the whole state; older ones only cost tokens
     ):
         check_size(size)
@@ -103,11 +105,14 @@ class MazeEnv(Env):
         if isinstance(progress_reward, bool) or not isinstance(progress_reward, (int, float)) or progress_reward < 0:
             raise ValueError(f"MazeEnv progress_reward={progress_reward!r} is not allowed: a number >= 0 (e.g. 0.05; "
                              "0 keeps the sparse reward)")
+        if isinstance(turn_cost, bool) or not isinstance(turn_cost, (int, float)) or not 0 <= turn_cost < 1:
+            raise ValueError(f"MazeEnv turn_cost={turn_cost!r} is not allowed: a number in [0, 1) (e.g. 0.01; "
+                             "0 keeps the sparse reward)")
         if not isinstance(keep_images, bool):
             raise ValueError(f"MazeEnv keep_images={keep_images!r} is not allowed: True or False")
         self.size, self.cell_px, self.max_turns = size, cell_px, max_turns
         self.format_reward, self.keep_images = float(format_reward), keep_images
-        self.progress_reward = float(progress_reward)
+        self.progress_reward, self.turn_cost = float(progress_reward), float(turn_cost)
         self._maze: Optional[Maze] = None
         self._distance: dict[Cell, int] = {}
         self._position: Cell = (0, 0)
@@ -187,7 +192,7 @@ class MazeEnv(Env):
             "task_reward": task_reward,
             "truncated": truncated,
         }
-        reward = task_reward + (self.format_reward if action is not None else 0.0)
+        reward = task_reward + (self.format_reward if action is not None else 0.0) - self.turn_cost
         if self.progress_reward:
             reward += self.progress_reward * (self._distance[before] - self._distance[self._position])
         return StepResult(Observation(text=feedback, images=[self.render()]), reward, self._done, info)
