@@ -6,6 +6,7 @@ them, so the trainer's forward sees what vLLM saw.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,24 +122,89 @@ def collate(processor, seqs: list[Expanded], pad_id: int) -> Batch:
                  image_token_id(processor), vision_token_ids(processor))
 
 
-def token_logprobs(model, batch: Batch, mask: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+LOGPROB_CHUNK_TOKENS = 256  # 256 x 151k float32 logits: 156 MB at Qwen3-VL's vocabulary
+
+
+def token_logprobs(model, batch: Batch, mask: torch.Tensor | None = None, temperature: float = 1.0,
+                   chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> torch.Tensor:
     """logprob of token t given the tokens before it, [B, T]; zero where `mask` is 0 and at position 0.
 
-    Only the masked positions pay for a log-softmax over the vocabulary: a real model's 150k-entry
-    vocabulary times every position of a long multi-turn sequence would not fit. The policy is the model
+    The vocabulary projection runs on the hidden states at the masked positions only, `chunk_tokens` at a
+    time, never as the full [B, T, vocabulary] logits: at a 151k vocabulary one 8k-token sequence's logits
+    alone are 2.4 GB in bf16. With gradients each chunk's logits are recomputed in the backward pass
+    instead of kept, so the peak is one chunk's, whatever the number of tokens. The policy is the model
     with image and video markers excluded, as the rollout engine samples it (they are banned there: an
     untrained model that emits one would announce an image that does not exist), so they are excluded
     here too; vLLM reports logprobs of that same distribution (logprobs_mode="processed_logprobs").
     """
-    logits = model(**batch.model_kwargs(), use_cache=False).logits
     want = (batch.attention_mask if mask is None else mask)[:, 1:].bool()
-    picked = logits[:, :-1][want].float()
-    if batch.banned_ids:
-        picked[:, list(batch.banned_ids)] = float("-inf")
-    if temperature != 1.0:
-        picked = picked / temperature
-    targets = batch.input_ids[:, 1:][want]
-    lp = torch.log_softmax(picked, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    head_owner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = head_owner.get_output_embeddings()
+    scorer = _MaskedLogprobs(head, want, batch.input_ids[:, 1:][want], batch.banned_ids, temperature,
+                             chunk_tokens, _softcap(head_owner))
+    # The scorer stands in for the output projection inside the model's own forward, so that FSDP has the
+    # projection's weights gathered when it runs, as for the projection itself.
+    head_owner.set_output_embeddings(scorer)
+    try:
+        with _no_softcap(head_owner):
+            lp = model(**batch.model_kwargs(), use_cache=False).logits
+    finally:
+        head_owner.set_output_embeddings(head)
     out = torch.zeros(batch.input_ids.shape, dtype=lp.dtype, device=lp.device)
     out[:, 1:][want] = lp
     return out
+
+
+
+class _MaskedLogprobs(torch.nn.Module):
+    """The output projection and log-softmax of the masked positions, chunk by chunk; returns their logprobs."""
+
+    def __init__(self, head, want, targets, banned, temperature, chunk_tokens, softcap):
+        super().__init__()
+        self.head = head
+        self.want, self.targets, self.banned = want, targets, list(banned)
+        self.temperature, self.chunk, self.softcap = temperature, chunk_tokens, softcap
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        picked = hidden[:, :-1][self.want]
+        parts = []
+        for s in range(0, picked.shape[0], self.chunk):
+            h, t = picked[s:s + self.chunk], self.targets[s:s + self.chunk]
+            if torch.is_grad_enabled() and h.requires_grad:
+                parts.append(checkpoint(self._chunk, h, t, use_reentrant=False))
+            else:
+                parts.append(self._chunk(h, t))
+        return torch.cat(parts) if parts else picked.new_zeros(0, dtype=torch.float32)
+
+    def _chunk(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.head(h).float()
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        if self.banned:
+            logits[:, self.banned] = float("-inf")
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def _softcap(model) -> float | None:
+    # Read where the model's own forward reads it: a causal LM's config (Gemma's); an image-text model's
+    # forward (Gemma 3's) caps nothing, whatever its text config says.
+    return getattr(model.config, "final_logit_softcapping", None)
+
+
+@contextlib.contextmanager
+def _no_softcap(model):
+    """The model's forward would cap what the scorer returns (logprobs) as if it were logits: the scorer caps
+    the logits itself, and the forward is told there is nothing to cap."""
+    config, cap = model.config, _softcap(model)
+    if cap is None:
+        yield
+        return
+    config.final_logit_softcapping = None
+    try:
+        yield
+    finally:
+        config.final_logit_softcapping = cap
