@@ -15,6 +15,7 @@ from grpo.learner.lora import LoraConfig, apply_lora, randomize_adapter
 from grpo.learner.worker import TrainWorker
 
 ALGO = AlgorithmConfig(kl_coef=0.1)
+SEQ_MEAN = AlgorithmConfig(kl_coef=0.1, loss_agg="sequence_mean")
 
 
 def comparable(micro_batch_size: int, **kw) -> TrainConfig:
@@ -66,14 +67,24 @@ def test_learning_rate_schedule():
     assert all(a >= b for a, b in zip(lrs[1:], lrs[2:]))
 
 
-def test_micro_batches_do_not_change_the_update(tiny_vl, start_adapter):
-    one = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(7), adapter_path=start_adapter)
-    four = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(2), adapter_path=start_adapter)
+@pytest.mark.parametrize("split, algo, tolerance", [
+    (comparable(2), ALGO, 1e-6),  # four padded micro-batches
+    (comparable(7, tokens_per_micro_batch=100_000), ALGO, 1e-5),  # one packed row
+    (comparable(7, tokens_per_micro_batch=250), ALGO, 1e-5),  # packed rows of at most 250 tokens
+    (comparable(7, tokens_per_micro_batch=250), SEQ_MEAN, 1e-5),  # episodes' means across packed rows
+    (comparable(2, activation_checkpointing=True), ALGO, 1e-6),
+], ids=["padded-4", "packed-1", "packed-250", "packed-250-sequence-mean", "activation-checkpointing"])
+def test_micro_batches_do_not_change_the_update(tiny_vl, start_adapter, split, algo, tolerance):
+    one = TrainWorker(tiny_vl, algorithm=algo, train=comparable(7), adapter_path=start_adapter)
+    four = TrainWorker(tiny_vl, algorithm=algo, train=split, adapter_path=start_adapter)
     before = one.gather_adapter()
     batch, adv = trajectories(one.processor, 7), advantages(7)
+    if split.tokens_per_micro_batch == 250:
+        lengths = [four._length(s) for t in batch for s in t.segments]
+        assert max(lengths) < 250 < sum(lengths)  # several rows, none over the budget
     m1, m4 = one.train_step(batch, adv), four.train_step(batch, adv)
     after = one.gather_adapter()
-    assert max_abs_diff(after, four.gather_adapter()) <= 1e-6
+    assert max_abs_diff(after, four.gather_adapter()) <= tolerance
     assert max_abs_diff(after, before) > 1e-2  # it did train
     assert m1["grad_norm"] > 0.5  # clipped
     for name in ("loss", "grad_norm", "kl", "sampler_abs_diff", "sampler_abs_diff_max", "generated_tokens"):
@@ -82,10 +93,12 @@ def test_micro_batches_do_not_change_the_update(tiny_vl, start_adapter):
     assert m1["kl"] < 1e-7  # the reference is the starting adapter (tests/test_settings_exact.py)
 
 
-def test_updates_per_batch(tiny_vl, start_adapter):
-    config = lambda mbs: comparable(mbs, updates_per_batch=2)  # noqa: E731
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_updates_per_batch(tiny_vl, start_adapter, packed):
+    config = lambda mbs, **kw: comparable(mbs, updates_per_batch=2, **kw)  # noqa: E731
     a = TrainWorker(tiny_vl, algorithm=ALGO, train=config(4), adapter_path=start_adapter)
-    b = TrainWorker(tiny_vl, algorithm=ALGO, train=config(1), adapter_path=start_adapter)
+    b = TrainWorker(tiny_vl, algorithm=ALGO, train=config(1, tokens_per_micro_batch=200) if packed else config(1),
+                    adapter_path=start_adapter)
     single = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(4), adapter_path=start_adapter)
     batch, adv = trajectories(a.processor, 6, seed=3), advantages(6, seed=3)
     ma, _, ms = a.train_step(batch, adv), b.train_step(batch, adv), single.train_step(batch, adv)
@@ -180,6 +193,23 @@ def test_two_fsdp_ranks_match_one_process(two_ranks):
     assert max_abs_diff(a2, a1) <= 1e-5
     for name in ("loss", "grad_norm", "kl", "clip_fraction", "sampler_abs_diff", "sampler_abs_diff_max",
                  "generated_tokens", "sequences"):
+        assert m2[name] == pytest.approx(m1[name], rel=1e-5, abs=1e-7), name
+
+
+@pytest.mark.slow
+def test_two_ranks_of_packed_rows_match_one_padded_process(ray_session, tiny_vl, start_adapter):
+    processor = forward.load_processor(tiny_vl)
+    batch, adv = trajectories(processor, 7, seed=5), advantages(7, seed=5)
+    group = TrainGroup(tiny_vl, 2, algorithm=ALGO, train=comparable(7, tokens_per_micro_batch=200),
+                       adapter_path=start_adapter)
+    try:
+        m2, a2 = group.train_step(batch, adv), group.gather_adapter()
+    finally:
+        group.shutdown()
+    single = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(7), adapter_path=start_adapter)
+    m1 = single.train_step(batch, adv)
+    assert max_abs_diff(a2, single.gather_adapter()) <= 1e-5
+    for name in ("loss", "grad_norm", "kl", "sampler_abs_diff", "generated_tokens", "sequences"):
         assert m2[name] == pytest.approx(m1[name], rel=1e-5, abs=1e-7), name
 
 

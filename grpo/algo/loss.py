@@ -73,7 +73,8 @@ def policy_loss(
     All log-prob tensors are (B, T) over the same tokens; `advantages` is (B,) or (B, T); `mask` is 1 on
     generated tokens, 0 on prompt, observation and padding tokens (their values are never used).
     `sequence_tokens` (B,), for sequence_mean: the generated tokens of the episode each row belongs to,
-    when an episode spans several rows; by default each row's own.
+    when an episode spans several rows; by default each row's own. (B, T) gives it per token, for rows that
+    hold several episodes' sequences (packed).
     """
     if not normalizer > 0:
         raise ValueError(
@@ -86,9 +87,9 @@ def policy_loss(
         raise ValueError(
             f"advantages must be (B,) or (B, T) for logprobs {tuple(logprobs.shape)}, got {tuple(advantages.shape)}"
         )
-    if sequence_tokens is not None and sequence_tokens.shape != logprobs.shape[:1]:
-        raise ValueError(f"sequence_tokens must be (B,) for logprobs {tuple(logprobs.shape)}, "
-                         f"got {tuple(sequence_tokens.shape)}: one count per row")
+    if sequence_tokens is not None and sequence_tokens.shape not in (logprobs.shape[:1], logprobs.shape):
+        raise ValueError(f"sequence_tokens must be (B,) or (B, T) for logprobs {tuple(logprobs.shape)}, "
+                         f"got {tuple(sequence_tokens.shape)}: one count per row, or per token")
     if config.kl_coef > 0 and ref_logprobs is None:
         raise ValueError(f"kl_coef={config.kl_coef} needs ref_logprobs (the reference model's logprobs)")
     if config.tis_cap is not None and sampler_logprobs is None:
@@ -133,7 +134,10 @@ def policy_loss(
     per_token = _masked(per_token, m)
     if config.loss_agg == "sequence_mean":
         lengths = m.sum(dim=-1) if sequence_tokens is None else sequence_tokens.to(m.device)
-        total = (per_token.sum(dim=-1) / lengths.clamp(min=1)).sum()
+        if lengths.dim() == 2:
+            total = (per_token / lengths.clamp(min=1)).sum()
+        else:
+            total = (per_token.sum(dim=-1) / lengths.clamp(min=1)).sum()
     else:
         total = per_token.sum()
     return LossOutput(loss=total / normalizer, metrics=metrics, maxima=maxima, tokens=tokens)

@@ -26,6 +26,15 @@ class TrainConfig:
     min_lr_ratio: float = 0.0  # the cosine schedule's floor, a share of lr
     max_grad_norm: Optional[float] = 1.0  # global L2 norm over all ranks; None: no clipping (norm still logged)
     micro_batch_size: int = 8  # sequences per forward/backward on one rank; does not change the update
+    # Packed rows instead: sequences side by side, no padding, up to this many tokens a forward/backward
+    # (a longer sequence gets a row of its own); null: padded micro-batches of micro_batch_size sequences.
+    tokens_per_micro_batch: Optional[int] = None
+    # The base model's weights in training: "auto" takes the rollout engine's (engine.dtype), so the trainer
+    # scores in the precision vLLM samples in. The LoRA weights and the optimizer state stay float32.
+    dtype: str = "auto"
+    # Recompute each decoder layer's activations in the backward pass instead of keeping them: less memory,
+    # about one more forward pass of time.
+    activation_checkpointing: bool = False
     updates_per_batch: int = 1  # optimizer updates per batch (mini-batches); > 1 scores old logprobs first
     seed: int = 0  # the adapter's initialisation and the workers' random state
 
@@ -46,6 +55,10 @@ class TrainConfig:
         check_number(self, "max_grad_norm", gt=0, optional=True, hint="e.g. 1.0")
         check_number(self, "micro_batch_size", integer=True, ge=1)
         check_number(self, "updates_per_batch", integer=True, ge=1)
+        check_number(self, "tokens_per_micro_batch", integer=True, ge=1, optional=True,
+                     hint="e.g. 8192, or null for padded micro-batches of micro_batch_size sequences")
+        check_choice(self, "dtype", ("auto", "float32", "bfloat16"))
+        require(self, "activation_checkpointing", isinstance(self.activation_checkpointing, bool), "true or false")
         check_number(self, "seed", integer=True, ge=0)
 
     def check_length(self, owner, name: str) -> None:

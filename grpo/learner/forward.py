@@ -15,6 +15,7 @@ import torch
 from rollout.models import (  # noqa: F401  (re-exported: the trainer side reads models through here)
     check_model_dir,
     image_inputs,
+    image_length,
     image_sequences,
     image_token_id,
     load_processor,
@@ -89,9 +90,15 @@ class Batch:
     image_grid_thw: torch.Tensor | None  # Qwen-VL families only
     image_token_id: int | None
     banned_ids: tuple[int, ...] = ()
+    # Packed rows (grpo.learner.packing): each sequence's position ids, and True where a sequence begins.
+    position_ids: torch.Tensor | None = None
+    seq_starts: torch.Tensor | None = None
 
     def model_kwargs(self) -> dict:
-        kw = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if self.position_ids is None:
+            kw = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        else:  # no mask: the restarts of the position ids separate the sequences
+            kw = {"input_ids": self.input_ids, "position_ids": self.position_ids}
         if self.pixel_values is not None:
             kw["pixel_values"] = self.pixel_values
         if self.image_grid_thw is not None:
@@ -138,6 +145,8 @@ def token_logprobs(model, batch: Batch, mask: torch.Tensor | None = None, temper
     here too; vLLM reports logprobs of that same distribution (logprobs_mode="processed_logprobs").
     """
     want = (batch.attention_mask if mask is None else mask)[:, 1:].bool()
+    if batch.seq_starts is not None:  # a packed sequence's first token does not follow the one before it
+        want = want & ~batch.seq_starts[:, 1:]
     head_owner = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = head_owner.get_output_embeddings()
     scorer = _MaskedLogprobs(head, want, batch.input_ids[:, 1:][want], batch.banned_ids, temperature,

@@ -23,9 +23,10 @@ import torch
 
 from grpo.algo.config import AlgorithmConfig, check_number
 from grpo.algo.loss import LossOutput, loss_normalizer, merge_metrics, policy_loss
-from grpo.learner import checkpoint, dist, forward
+from grpo.learner import checkpoint, dist, forward, packing
 from grpo.learner.config import TrainConfig
 from grpo.learner.lora import LoraConfig, adapter_config, adapter_tensors, apply_lora
+from grpo.learner.plan import Plan, micro_batches, shard, split, token_rows
 from rollout import runtime
 
 _REFERENCE = "reference"  # the adapter name of the frozen copy of the starting adapter: the KL reference
@@ -60,19 +61,6 @@ def token_advantages(trajectory, advantage: float | Sequence[float]) -> list[tor
     return out
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """One optimizer update as this rank runs it."""
-    micro: list[list[int]]  # this rank's micro-batches, item indices
-    passes: int  # forward/backward passes every rank runs: the most micro-batches any rank has
-    normalizer: float  # loss_normalizer over the whole mini-batch, all ranks
-    filler: int  # the item a rank with fewer micro-batches runs, with zero weight, to keep in step
-
-    def schedule(self) -> list[tuple[list[int], bool]]:
-        return [(self.micro[k], True) if k < len(self.micro) else ([self.filler], False)
-                for k in range(self.passes)]
-
-
 class TrainWorker:
     """One trainer rank. With world_size > 1 call `setup(master_addr, master_port)` on every rank, at
     the same time, before training (`TrainGroup` does); with world_size=1 the constructor does it."""
@@ -100,6 +88,8 @@ class TrainWorker:
             # while the trainer runs.
             threads = cpu_threads if cpu_threads is not None else (1 if world_size > 1 else os.cpu_count() or 1)
             torch.set_num_threads(threads)
+        if self.train.dtype != "auto":
+            dtype = self.train.dtype
         dtype_name = runtime.default_dtype() if dtype == "auto" else dtype
         # Same seed on every rank: each initialises the adapter identically before FSDP keeps its shard.
         torch.manual_seed(self.train.seed)
@@ -119,7 +109,12 @@ class TrainWorker:
         else:
             self.model = apply_lora(base, self.lora)
         self.model.to(self.device)
+        if self.train.tokens_per_micro_batch is not None:
+            packing.check_packable(base)
+        if self.train.activation_checkpointing:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.processor = forward.load_processor(model_path)
+        self._image_tokens: dict[tuple, int] = {}  # image size -> its tokens as the model runs it
         self.pad_id = forward.tokenizer_of(self.processor).pad_token_id
         self.step = 0  # train_step calls so far
         self.adapter_version: int | None = None  # the last version this trainer published
@@ -194,7 +189,7 @@ class TrainWorker:
         for i, item in enumerate(items):
             by_key.setdefault(i if self.algorithm.loss_agg == "token_mean" else item.episode, []).append(i)
         units = list(by_key.values())
-        dealt = _split(len(units), self.train.updates_per_batch, self.train.seed * 1_000_003 + self.step)
+        dealt = split(len(units), self.train.updates_per_batch, self.train.seed * 1_000_003 + self.step)
         plans = [self._plan(items, sorted(i for u in part for i in units[u])) for part in dealt]
         expanded = {i: self._expand(items[i]) for plan in plans for mb, _ in plan.schedule() for i in mb}
         scored = self._score(plans, expanded) if self.train.updates_per_batch > 1 else None
@@ -222,15 +217,25 @@ class TrainWorker:
         })
         return metrics
 
-    def _plan(self, items: list[_Item], chunk: list[int]) -> _Plan:
-        lengths = {i: len(items[i].segment.token_ids) for i in chunk}
-        shares = _shard(chunk, lengths, self.world_size)
-        size = self.train.micro_batch_size
-        micro = [_micro_batches(s, lengths, size) for s in shares]
+    def _plan(self, items: list[_Item], chunk: list[int]) -> Plan:
+        lengths = {i: self._length(items[i].segment) for i in chunk}
+        shares = shard(chunk, lengths, self.world_size)
+        budget = self.train.tokens_per_micro_batch
+        micro = [micro_batches(s, lengths, self.train.micro_batch_size) if budget is None else
+                 token_rows({i: lengths[i] for i in s}, budget) for s in shares]
         masks = [torch.as_tensor(items[i].segment.loss_mask)[None] for i in chunk]
         episodes = len({items[i].episode for i in chunk})
-        return _Plan(micro=micro[self.rank], passes=max(len(m) for m in micro),
+        return Plan(micro=micro[self.rank], passes=max(len(m) for m in micro),
                      normalizer=loss_normalizer(masks, self.algorithm, episodes), filler=chunk[0])
+
+    def _length(self, seg) -> int:
+        """The tokens the model runs for a segment, images expanded, without processing its images."""
+        extra = 0
+        for img in seg.images:
+            if img.size not in self._image_tokens:
+                self._image_tokens[img.size] = forward.image_length(self.processor, img)
+            extra += self._image_tokens[img.size] - 1
+        return len(seg.token_ids) + extra
 
     def _expand(self, item: _Item) -> forward.Expanded:
         seg = item.segment
@@ -245,12 +250,24 @@ class TrainWorker:
         for i in indices:
             e = expanded[i]
             seqs.append(dataclasses.replace(e, per_token=list(e.per_token) + (list(extra[i]) if extra else [])))
-        batch = forward.collate(self.processor, seqs, self.pad_id)
+        if self.train.tokens_per_micro_batch is None:
+            batch = forward.collate(self.processor, seqs, self.pad_id)
+        else:
+            batch = packing.pack(self.processor, seqs, self.model)
         move = lambda t: None if t is None else t.to(self.device)  # noqa: E731
         return dataclasses.replace(
             batch, input_ids=move(batch.input_ids), attention_mask=move(batch.attention_mask),
             per_token=[move(t) for t in batch.per_token], pixel_values=move(batch.pixel_values),
-            image_grid_thw=move(batch.image_grid_thw))
+            image_grid_thw=move(batch.image_grid_thw), position_ids=move(batch.position_ids),
+            seq_starts=move(batch.seq_starts))
+
+    def _spans(self, batch: forward.Batch, indices: list[int], expanded: dict):
+        """(item, row, start, length) of each sequence of a micro-batch, padded or packed."""
+        offset = 0
+        for row, i in enumerate(indices):
+            n = len(expanded[i].input_ids)
+            yield (i, row, 0, n) if batch.seq_starts is None else (i, 0, offset, n)
+            offset += n
 
     def _reference(self, batch: forward.Batch, mask: torch.Tensor) -> torch.Tensor | None:
         """The starting policy's logprobs: the frozen copy of the starting adapter, or with a fresh adapter
@@ -279,7 +296,7 @@ class TrainWorker:
         finally:
             self.model.set_adapter("default")
 
-    def _score(self, plans: list[_Plan], expanded: dict) -> dict[int, list[torch.Tensor]]:
+    def _score(self, plans: list[Plan], expanded: dict) -> dict[int, list[torch.Tensor]]:
         """Logprobs before any update of this batch (and the reference's): the old policy of every
         mini-batch after the first, whose own forward would already see updated weights."""
         self.model.eval()
@@ -291,12 +308,12 @@ class TrainWorker:
                 with torch.no_grad():
                     old = forward.token_logprobs(self.model, batch, mask, self.temperature)
                 ref = self._reference(batch, mask)
-                for row, i in enumerate(indices):
-                    n = len(expanded[i].input_ids)
-                    scored[i] = [old[row, :n].cpu()] + ([] if ref is None else [ref[row, :n].cpu()])
+                for i, row, start, n in self._spans(batch, indices, expanded):
+                    scored[i] = [old[row, start:start + n].cpu()] + ([] if ref is None else
+                                                                      [ref[row, start:start + n].cpu()])
         return scored
 
-    def _update(self, plan: _Plan, items: list[_Item], expanded: dict, scored: dict | None):
+    def _update(self, plan: Plan, items: list[_Item], expanded: dict, scored: dict | None):
         self.model.train()
         schedule = plan.schedule()
         outputs: list[LossOutput] = []
@@ -318,6 +335,9 @@ class TrainWorker:
             # A filler pass only keeps this rank's collectives in step with the others: with no token in its
             # loss mask it has loss 0, no gradient and no weight in the metrics.
             episode_tokens = torch.tensor([float(items[i].episode_tokens) for i in indices])
+            if batch.seq_starts is not None:  # per token: a packed row holds several episodes' sequences
+                episode_tokens = torch.cat([torch.full((n,), float(items[i].episode_tokens))
+                                            for i, _, _, n in self._spans(batch, indices, expanded)])[None]
             out = policy_loss(logprobs, old, adv, mask if real else torch.zeros_like(mask), self.algorithm,
                               plan.normalizer / self.world_size, ref_logprobs=ref, sampler_logprobs=sampler,
                               sequence_tokens=episode_tokens)
@@ -419,30 +439,3 @@ class TrainWorker:
         # Checkpoints written before December 2026 also hold a "data_cursor": unused, the cursor is in `state`.
         return {"step": info.step, "path": info.path, "adapter_version": saved["adapter_version"],
                 "state": saved["state"], "skipped": info.notes()}
-
-
-def _split(n: int, parts: int, seed: int) -> list[list[int]]:
-    """0..n-1 dealt into `parts` near-equal mini-batches (fewer when n < parts), shuffled by `seed`: items
-    arrive task by task, and an update on one task's episodes alone would chase that maze. Every rank
-    draws the same permutation from the same seed."""
-    parts = min(parts, n)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist() if parts > 1 else list(range(n))
-    bounds = [n * k // parts for k in range(parts + 1)]
-    return [sorted(order[bounds[k]:bounds[k + 1]]) for k in range(parts)]
-
-
-def _shard(indices: list[int], lengths: dict[int, int], world_size: int) -> list[list[int]]:
-    """Longest first, each to the rank with the fewest tokens so far (ties: lowest rank): deterministic."""
-    shares: list[list[int]] = [[] for _ in range(world_size)]
-    load = [0] * world_size
-    for i in sorted(indices, key=lambda i: (-lengths[i], i)):
-        r = min(range(world_size), key=lambda r: (load[r], r))
-        shares[r].append(i)
-        load[r] += lengths[i]
-    return shares
-
-
-def _micro_batches(indices: list[int], lengths: dict[int, int], size: int) -> list[list[int]]:
-    """Neighbours in length share a micro-batch, which keeps right-padding small."""
-    ordered = sorted(indices, key=lambda i: (-lengths[i], i))
-    return [ordered[k:k + size] for k in range(0, len(ordered), size)]
