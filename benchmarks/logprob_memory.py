@@ -86,7 +86,8 @@ def measure(tokens: int = 4096, generated: int = 2048, vocab: int = QWEN3_VL_VOC
     gap = max(abs(a - b) for a, b in zip(rows["full"].pop("logprobs"), rows["chunked"].pop("logprobs")))
     mb = lambda way: round(rows[way]["peak_bytes"] / 2**20, 1)  # noqa: E731
     return {"vocab": vocab, "tokens": tokens, "generated": generated, "full_peak_mb": mb("full"),
-            "chunked_peak_mb": mb("chunked"), "full_s": rows["full"]["seconds"], "chunked_s": rows["chunked"]["seconds"],
+            "chunked_peak_mb": mb("chunked"), "full_s": rows["full"]["seconds"],
+            "chunked_s": rows["chunked"]["seconds"],
             "ratio": round(rows["chunked"]["peak_bytes"] / rows["full"]["peak_bytes"], 4), "logprob_gap_max": gap}
 
 

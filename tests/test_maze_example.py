@@ -17,7 +17,9 @@ def test_the_warm_start_reads_its_options_from_the_cpu_run():
     assert maze_config.CPU_RUN == cfg
     # The values the shipped warm start (examples/maze/warmstart) was trained on: changing one means
     # rebuilding it (python -m examples.maze.sft).
-    assert (maze_config.ENV, maze_config.ENV_OPTIONS) == ("maze", {"size": 9, "cell_px": 8, "max_turns": 30})
+    # turn_cost only changes the reward, which the warm start's supervised data never sees.
+    assert (maze_config.ENV, maze_config.ENV_OPTIONS) == ("maze", {"size": 9, "cell_px": 8, "max_turns": 30,
+                                                                   "turn_cost": 0.01})
     assert (maze_config.SIZE, maze_config.CELL_PX, maze_config.MAX_TURNS) == (9, 8, 30)
     assert (maze_config.HISTORY, maze_config.MAX_TOKENS_PER_TURN) == ("none", 8)
     assert maze_config.EVAL_SEEDS == list(EVAL_SEEDS)
@@ -54,9 +56,10 @@ def test_gpu_recipe_matches_the_seed_and_validates_without_a_gpu(capsys):
     assert '"valid": true' in capsys.readouterr().out
 
 
-def test_cpu_run_is_the_seeds_recipe_sparse_reward_episode_advantages_one_temperature():
+def test_cpu_run_is_the_task_reward_less_a_turn_cost_episode_advantages_one_temperature():
     cfg = RunConfig.from_yaml(HERE / "cpu.yaml")
     assert cfg.env.options.get("progress_reward", 0) == 0 and cfg.env.options.get("format_reward", 0) == 0
+    assert cfg.env.options["turn_cost"] == 0.01
     assert cfg.algorithm.step_weight == 0
     assert cfg.rollout.temperature == 0.7 and not hasattr(cfg.train, "temperature")
     assert cfg.unseen_seeds and cfg.eval.target_success == 0.95

@@ -139,7 +139,8 @@ def test_shipped_warmstart_matches_its_log():
     log = _log(WARMSTART)
     result = next(r["result"] for r in log if "result" in r)
     chosen = next(r["eval"] for r in log if "eval" in r and r["eval"]["step"] == result["step"])
-    assert mc.ENV_OPTIONS == {k: result["options"][k] for k in mc.ENV_OPTIONS}
+    # Every option the warm start saw; turn_cost changes only the reward, which supervised data never sees.
+    assert all(result["options"][k] == v for k, v in mc.ENV_OPTIONS.items() if k != "turn_cost")
     assert 0.30 <= result["eval_success"] <= 0.60
     assert sum(f.stat().st_size for f in WARMSTART.iterdir()) < 10 << 20
     # The recipe's second run made it, and its greedy failures are navigation: out of turns, few unparseable

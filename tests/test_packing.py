@@ -24,7 +24,16 @@ def unpacked(lp: torch.Tensor, seqs) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("kind", ["vl", "text"])
-def test_packed_logprobs_and_gradients_equal_the_padded_ones(kind, tiny_vl, tiny_text):
+def test_packed_logprobs_and_gradients_equal_the_padded_ones(kind, tiny_vl, tiny_text, monkeypatch):
+    split = []  # what each decoder forward's mask step found: a packed row's sequence starts, or None
+    mask = packing.packed_mask
+
+    def spy(**kw):
+        out = mask(**kw)
+        split.append(out.tolist() if packing._is_starts(out) else None)
+        return out
+
+    monkeypatch.setattr(packing, "packed_mask", spy)
     path = tiny_vl if kind == "vl" else tiny_text
     processor = forward.load_processor(path)
     model = lora_model(forward.load_model(path))
@@ -47,7 +56,12 @@ def test_packed_logprobs_and_gradients_equal_the_padded_ones(kind, tiny_vl, tiny
         return torch.cat([(row * w) for row, w in zip(unpacked(lp, seqs), weights)])
 
     ref, ref_g = value_and_grads(model, padded_loss)
+    assert not any(split)  # padded rows: plain SDPA
     got, got_g = value_and_grads(model, packed_loss)
+    offsets = [sum(len(s.input_ids) for s in seqs[:k]) for k in range(len(seqs))]
+    assert split and all(found == offsets for found in split if found is not None)
+    text_config = getattr(model.get_base_model().config, "text_config", None) or model.get_base_model().config
+    assert text_config._attn_implementation == packing.PACKED_SDPA
     assert ref.abs().max() > 0.1 and (got - ref).abs().max() <= 1e-5
     scale = max(float(g.abs().max()) for g in ref_g.values())
     assert got_g.keys() == ref_g.keys() and scale > 1e-4

@@ -144,6 +144,24 @@ def ray_session():
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+@pytest.mark.slow
+def test_two_ranks_of_packed_rows_match_one_padded_process(ray_session, tiny_vl, start_adapter):
+    # Before the module's two_ranks fixture, whose ranks hold both CPUs of the Ray session once started.
+    processor = forward.load_processor(tiny_vl)
+    batch, adv = trajectories(processor, 7, seed=5), advantages(7, seed=5)
+    group = TrainGroup(tiny_vl, 2, algorithm=ALGO, train=comparable(7, tokens_per_micro_batch=200),
+                       adapter_path=start_adapter)
+    try:
+        m2, a2 = group.train_step(batch, adv), group.gather_adapter()
+    finally:
+        group.shutdown()
+    single = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(7), adapter_path=start_adapter)
+    m1 = single.train_step(batch, adv)
+    assert max_abs_diff(a2, single.gather_adapter()) <= 1e-5
+    for name in ("loss", "grad_norm", "kl", "sampler_abs_diff", "generated_tokens", "sequences"):
+        assert m2[name] == pytest.approx(m1[name], rel=1e-5, abs=1e-7), name
+
+
 @pytest.fixture(scope="module")
 def two_ranks(ray_session, tiny_vl, start_adapter, tmp_path_factory):
     """Three steps on 2 FSDP ranks with a checkpoint after the second, one process beside the first step,
@@ -193,23 +211,6 @@ def test_two_fsdp_ranks_match_one_process(two_ranks):
     assert max_abs_diff(a2, a1) <= 1e-5
     for name in ("loss", "grad_norm", "kl", "clip_fraction", "sampler_abs_diff", "sampler_abs_diff_max",
                  "generated_tokens", "sequences"):
-        assert m2[name] == pytest.approx(m1[name], rel=1e-5, abs=1e-7), name
-
-
-@pytest.mark.slow
-def test_two_ranks_of_packed_rows_match_one_padded_process(ray_session, tiny_vl, start_adapter):
-    processor = forward.load_processor(tiny_vl)
-    batch, adv = trajectories(processor, 7, seed=5), advantages(7, seed=5)
-    group = TrainGroup(tiny_vl, 2, algorithm=ALGO, train=comparable(7, tokens_per_micro_batch=200),
-                       adapter_path=start_adapter)
-    try:
-        m2, a2 = group.train_step(batch, adv), group.gather_adapter()
-    finally:
-        group.shutdown()
-    single = TrainWorker(tiny_vl, algorithm=ALGO, train=comparable(7), adapter_path=start_adapter)
-    m1 = single.train_step(batch, adv)
-    assert max_abs_diff(a2, single.gather_adapter()) <= 1e-5
-    for name in ("loss", "grad_norm", "kl", "sampler_abs_diff", "generated_tokens", "sequences"):
         assert m2[name] == pytest.approx(m1[name], rel=1e-5, abs=1e-7), name
 
 

@@ -84,7 +84,8 @@ class MazeEnv(Env):
     (negative when it lengthened it; a potential-based shaping, so the best policy stays the shortest
     path; 0: the sparse task reward only), `turn_cost` taken off every turn (so that of two episodes that
     both solve the maze the shorter one scores higher; the shortest path stays the best policy),
-    `keep_images` whether the rollout keeps earlier images in the conversation. `info["task_reward"]` is always the sparse 1-on-success alone.
+    `keep_images` whether the rollout keeps earlier images in the conversation. `info["task_reward"]` is
+    always the sparse 1-on-success alone.
     """
 
     def __init__(

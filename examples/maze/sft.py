@@ -252,7 +252,7 @@ class Encoder:
 
 # ------------------------------------------------------------------------------------------ the loss
 class _Capture(torch.nn.Module):
-    """The model as `token_logprobs` calls it, keeping the logits and the merged vision tokens."""
+    """The model, keeping the logits and the merged vision tokens."""
 
     def __init__(self, model):
         super().__init__()
@@ -291,12 +291,12 @@ def aux_loss(head, vision: torch.Tensor, samples: list[Sample]) -> torch.Tensor:
 def loss_and_accuracy(model, enc: Encoder, samples: list[Sample], aux_head=None):
     """(the action's mean token NLL, the share of samples whose every target token is the argmax, i.e.
     what greedy decoding reproduces, and the vision tower's auxiliary loss or None)."""
-    from grpo.learner.forward import token_logprobs
+    from grpo.learner.forward import logprobs_from_logits
 
     batch = enc.batch(samples)
     mask = batch.per_token[0]
     run = _Capture(model)
-    lp = token_logprobs(run, batch, mask=mask)
+    lp = logprobs_from_logits(run(**batch.model_kwargs(), use_cache=False).logits, batch, mask)
     loss = -(lp.sum(1) / mask.sum(1)).mean()
     aux = None if aux_head is None else aux_loss(aux_head, run.vision, samples)
     with torch.no_grad():

@@ -191,11 +191,27 @@ class _MaskedLogprobs(torch.nn.Module):
         logits = self.head(h).float()
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        if self.banned:
-            logits[:, self.banned] = float("-inf")
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return target_logprobs(logits, targets, self.banned, self.temperature)
+
+
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, banned=(), temperature: float = 1.0) -> torch.Tensor:
+    """[N, vocabulary] float32 logits -> [N]: each target's logprob under the policy (banned ids excluded,
+    logits divided by the temperature). Modifies `logits`."""
+    if banned:
+        logits[:, list(banned)] = float("-inf")
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def logprobs_from_logits(logits: torch.Tensor, batch: Batch, mask: torch.Tensor) -> torch.Tensor:
+    """token_logprobs at temperature 1 from the model's full [B, T, vocabulary] logits, for a caller that needs
+    the logits themselves too (the maze warm start's supervised loss and accuracy)."""
+    want = mask[:, 1:].bool()
+    lp = target_logprobs(logits[:, :-1][want].float(), batch.input_ids[:, 1:][want], batch.banned_ids)
+    out = torch.zeros(batch.input_ids.shape, dtype=lp.dtype, device=lp.device)
+    out[:, 1:][want] = lp
+    return out
 
 
 def _softcap(model) -> float | None:

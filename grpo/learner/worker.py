@@ -27,6 +27,7 @@ from grpo.learner import checkpoint, dist, forward, packing
 from grpo.learner.config import TrainConfig
 from grpo.learner.lora import LoraConfig, adapter_config, adapter_tensors, apply_lora
 from grpo.learner.plan import Plan, micro_batches, shard, split, token_rows
+from grpo.learner.vision_cache import VisionCache
 from rollout import runtime
 
 _REFERENCE = "reference"  # the adapter name of the frozen copy of the starting adapter: the KL reference
@@ -110,11 +111,12 @@ class TrainWorker:
             self.model = apply_lora(base, self.lora)
         self.model.to(self.device)
         if self.train.tokens_per_micro_batch is not None:
-            packing.check_packable(base)
+            packing.prepare(self.model)
         if self.train.activation_checkpointing:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.processor = forward.load_processor(model_path)
         self._image_tokens: dict[tuple, int] = {}  # image size -> its tokens as the model runs it
+        self._vision = VisionCache(self.model)
         self.pad_id = forward.tokenizer_of(self.processor).pad_token_id
         self.step = 0  # train_step calls so far
         self.adapter_version: int | None = None  # the last version this trainer published
@@ -192,14 +194,18 @@ class TrainWorker:
         dealt = split(len(units), self.train.updates_per_batch, self.train.seed * 1_000_003 + self.step)
         plans = [self._plan(items, sorted(i for u in part for i in units[u])) for part in dealt]
         expanded = {i: self._expand(items[i]) for plan in plans for mb, _ in plan.schedule() for i in mb}
-        scored = self._score(plans, expanded) if self.train.updates_per_batch > 1 else None
+        # The first update's old logprobs are its own forward's, detached: only the later ones are scored first.
+        scored = self._score(plans[1:], expanded) if len(plans) > 1 else None
 
         outputs, norms, ran_tokens = [], [], 0
-        for plan in plans:
-            plan_outputs, n_tokens = self._update(plan, items, expanded, scored)
-            outputs += plan_outputs
-            ran_tokens += n_tokens
-            norms.append(self._last_grad_norm)
+        try:
+            for k, plan in enumerate(plans):
+                plan_outputs, n_tokens = self._update(plan, items, expanded, scored if k else None)
+                outputs += plan_outputs
+                ran_tokens += n_tokens
+                norms.append(self._last_grad_norm)
+        finally:
+            self._vision.clear()
 
         metrics = merge_metrics(outputs, dist.all_reduce)
         (ran_tokens,) = dist.all_reduce([float(ran_tokens)])
@@ -305,9 +311,9 @@ class TrainWorker:
             for indices, _ in plan.schedule():
                 batch = self._batch(indices, expanded)
                 mask = batch.per_token[0]
-                with torch.no_grad():
+                with torch.no_grad(), self._vision.micro_batch(tuple(indices)):
                     old = forward.token_logprobs(self.model, batch, mask, self.temperature)
-                ref = self._reference(batch, mask)
+                    ref = self._reference(batch, mask)
                 for i, row, start, n in self._spans(batch, indices, expanded):
                     scored[i] = [old[row, start:start + n].cpu()] + ([] if ref is None else
                                                                       [ref[row, start:start + n].cpu()])
@@ -324,14 +330,13 @@ class TrainWorker:
                 self.model.set_requires_gradient_sync(k == len(schedule) - 1)
             batch = self._batch(indices, expanded, scored)
             mask, sampler, adv = batch.per_token[0], batch.per_token[1], batch.per_token[2]
-            if scored is None:
-                ref = self._reference(batch, mask)
+            with self._vision.micro_batch(tuple(indices)):
+                if scored is None:
+                    ref = self._reference(batch, mask)
+                else:
+                    ref = batch.per_token[4] if len(batch.per_token) > 4 else None
                 logprobs = forward.token_logprobs(self.model, batch, mask, self.temperature)
-                old = logprobs.detach()
-            else:
-                old = batch.per_token[3]
-                ref = batch.per_token[4] if len(batch.per_token) > 4 else None
-                logprobs = forward.token_logprobs(self.model, batch, mask, self.temperature)
+            old = logprobs.detach() if scored is None else batch.per_token[3]
             # A filler pass only keeps this rank's collectives in step with the others: with no token in its
             # loss mask it has loss 0, no gradient and no weight in the metrics.
             episode_tokens = torch.tensor([float(items[i].episode_tokens) for i in indices])
