@@ -21,7 +21,7 @@ def run_config(a, checkpoint_every: int = 10 ** 6):
         model=a.model, output_dir=a.run_dir, steps=a.steps, tasks_per_step=a.prompts, seed=0,
         env={"name": "digits"}, lora={"rank": a.lora_rank, "alpha": a.lora_alpha},
         algorithm={"group_size": a.group_size},
-        train={"lr": a.lr, "micro_batch_size": a.micro_batch_size},
+        train={"lr": a.lr, "micro_batch_size": a.micro_batch_size, "tokens_per_micro_batch": a.tokens_per_micro_batch},
         rollout={"temperature": 1.0, "max_tokens_per_turn": a.max_tokens}, engine={"max_model_len": 512},
         eval={"seeds": f"0-{a.prompts - 1}"}, checkpoint={"every": checkpoint_every},
         cluster={"train_ranks": a.train_ranks}, metrics={"tensorboard": False, "plots": False})
@@ -32,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
     add_workload_args(ap)
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--micro-batch-size", type=int, default=64)
+    # Packed rows: the batch's 64 sequences (prompt and reply, at most 512 tokens each) in one row, no padding.
+    ap.add_argument("--tokens-per-micro-batch", type=int, default=32768)
     ap.add_argument("--train-ranks", type=int, default=1)
     return ap
 

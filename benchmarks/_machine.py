@@ -134,3 +134,31 @@ def fresh_run_dir(path: str | Path) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
+
+
+class PeakRss:
+    """The process's peak resident memory over a `with` block, less what it held as the block began: sampled
+    every millisecond from /proc/self/statm by a thread (`grown`, in bytes, after the block)."""
+
+    def __enter__(self) -> "PeakRss":
+        import threading
+
+        self.before, self._peak, self._stop = _rss_bytes(), 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self._peak = max(self._peak, _rss_bytes())
+            time.sleep(0.001)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.grown = max(self._peak, _rss_bytes()) - self.before
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096

@@ -18,9 +18,11 @@ def maze_batch(processor, episodes: int, seed: int = 0) -> tuple[list, list[floa
     from rollout.trajectory import Segment, Trajectory
 
     chat, rng = ChatFormat(processor), random.Random(seed)
+    # What the model sees, without the reward's options (the baseline trainer's env predates some of them).
+    options = {k: maze_config.ENV_OPTIONS[k] for k in ("size", "cell_px", "max_turns")}
     trajs = []
     for e in range(episodes):
-        env = MazeEnv(**maze_config.ENV_OPTIONS)
+        env = MazeEnv(**options)
         obs, segments, done = env.reset(maze_config.TRAIN_SEED_BASE + seed * 100_000 + e // 8), [], False
         while not done:
             action = expert_action(env.maze, env.position) if rng.random() > 0.25 else action_text(rng.randrange(4))

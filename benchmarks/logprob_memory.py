@@ -18,17 +18,11 @@ import argparse
 import json
 import subprocess
 import sys
-import threading
 import time
 
-from benchmarks._machine import ROOT, write_result
+from benchmarks._machine import ROOT, PeakRss, write_result
 
 QWEN3_VL_VOCAB = 151936
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
 
 
 def one(way: str, tokens: int, generated: int, vocab: int) -> dict:
@@ -48,30 +42,18 @@ def one(way: str, tokens: int, generated: int, vocab: int) -> dict:
 
     def full():
         logits = model(**batch.model_kwargs(), use_cache=False).logits
-        want = mask[:, 1:].bool()
-        picked = logits[:, :-1][want].float()
-        return torch.log_softmax(picked, dim=-1).gather(-1, ids[:, 1:][want].unsqueeze(-1)).squeeze(-1)
+        return forward.logprobs_from_logits(logits, batch, mask)[:, 1:][mask[:, 1:].bool()]
 
     def chunked():
         return forward.token_logprobs(model, batch, mask)[:, 1:][mask[:, 1:].bool()]
 
     run = {"full": full, "chunked": chunked}[way]
-    before, peak, stop = _rss_bytes(), [0], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], _rss_bytes())
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    t0 = time.perf_counter()
-    lp = run()
-    lp.sum().backward()
-    seconds = time.perf_counter() - t0
-    stop.set()
-    sampler.join()
-    return {"way": way, "peak_bytes": max(peak[0], _rss_bytes()) - before, "seconds": round(seconds, 3),
+    with PeakRss() as rss:
+        t0 = time.perf_counter()
+        lp = run()
+        lp.sum().backward()
+        seconds = time.perf_counter() - t0
+    return {"way": way, "peak_bytes": rss.grown, "seconds": round(seconds, 3),
             "logprobs": lp.detach().tolist()}
 
 
@@ -102,6 +84,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(one(args.one, args.tokens, args.generated, args.vocab)))
         return {}
     result = measure(args.tokens, args.generated, args.vocab)
+    result["headline"] = [{
+        "figure": f"logprob computation's peak memory, {args.tokens} tokens ({args.generated} sampled) at a "
+                  f"{args.vocab:,}-entry vocabulary, chunked", "value": result["chunked_peak_mb"], "unit": "MB",
+        "baseline": result["full_peak_mb"], "baseline_name": "full logits", "ratio": result["ratio"]}]
     write_result("logprob_memory", result)
     print(json.dumps(result))
     return result

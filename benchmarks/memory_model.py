@@ -26,11 +26,10 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-from benchmarks._machine import ROOT, write_result
+from benchmarks._machine import ROOT, PeakRss, write_result
 
 LORA_RANK = 32
 SEQUENCES = 4  # sequences per packed row
@@ -40,11 +39,6 @@ GPU_SIZES_GIB = (48, 80, 96)
 # The 8B table's images: a quarter of each micro-batch's tokens (the maze: 81 image tokens a turn's prompt).
 IMAGE_SHARE = 0.25
 MMAP_THRESHOLD = 128 * 1024  # glibc's initial value, held fixed
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
 
 
 def one(model_path: str, tokens: int, checkpointing: bool) -> dict:
@@ -73,25 +67,15 @@ def one(model_path: str, tokens: int, checkpointing: bool) -> dict:
     masked = sum(int(e.per_token[0][1:].sum()) for e in expanded)
 
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed model-loading buffers would otherwise hide the step's growth
-    before, peak, stop = _rss_bytes(), [0], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], _rss_bytes())
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    t0 = time.perf_counter()
-    metrics = worker.train_step(batch, advantages)
-    seconds = time.perf_counter() - t0
-    stop.set()
-    sampler.join()
+    with PeakRss() as rss:
+        t0 = time.perf_counter()
+        metrics = worker.train_step(batch, advantages)
+        seconds = time.perf_counter() - t0
     est = memory.estimate(model_path, lora, row, dtype="float32", activation_checkpointing=checkpointing,
                           logprob_tokens=masked, image_tokens=image_tokens)
     return {"tokens": row, "masked_tokens": masked, "image_tokens": image_tokens, "checkpointing": checkpointing,
             "updates": metrics["updates"], "seconds": round(seconds, 2),
-            "measured_bytes": max(peak[0], _rss_bytes()) - before, "predicted_bytes": est.step_extra,
+            "measured_bytes": rss.grown, "predicted_bytes": est.step_extra,
             "parts_mb": {k: _mb(v) for k, v in vars(est).items() if k not in ("weights", "lora_weights")}}
 
 

@@ -10,6 +10,11 @@ Measured in one run, on the same batch:
   matmul on the same cores.
 The contenders take turns, step by step, while the others idle, and each reports its best step (the
 machine is shared: the best is the least disturbed; the JSON records the load average around the run).
+Then packing_and_precision: packed rows against padded micro-batches on sequences of 32 to 2048 tokens
+(`packed_vs_padded_skewed`, and bf16 and activation checkpointing beside them), the maze step's update
+against the trainer before issue 21 (`maze_train_time_ratio`: today's padded recipe over the old one;
+`maze_packed_vs_today`), and the logprob computation's peak memory at a 151k vocabulary
+(`logprob_peak_memory_ratio`, chunked over full logits).
 The last line printed is one JSON object, also written to benchmarks/results/update.json (update-quick.json
 with --quick) with the machine (benchmarks/_machine.py).
 """
@@ -23,6 +28,7 @@ import time
 from pathlib import Path
 
 from benchmarks._machine import RESULTS, ROOT, machine_info, matmul_peak, peaks, write_result
+from benchmarks._update_side import BASELINE, MAZE_TRAIN, contender, race, skewed_batch
 from rollout import runtime
 
 runtime.configure(ROOT / "runs" / "bench")  # before torch: OMP_WAIT_POLICY is read when OpenMP starts
@@ -258,10 +264,98 @@ def main(argv=None) -> dict:
         {"figure": "update MFU (FSDP2 step vs fp32 matmul peak)", "value": result["mfu_vs_matmul_peak"],
          "baseline_name": f"peak {peak / 1e9:.0f} GFLOP/s"},
     ]
+    result.update(packing_and_precision(a.quick, model_path, Path(a.work)))
+    result["headline"] += [
+        {"figure": "update tokens/s, packed rows against padded micro-batches (sequences of 32-2048 tokens)",
+         "value": result["skewed"]["tokens_per_s"]["packed"], "unit": "tokens/s",
+         "baseline": result["skewed"]["tokens_per_s"]["padded"], "baseline_name": "padded, 8 a micro-batch",
+         "ratio": result["packed_vs_padded_skewed"]},
+        {"figure": f"maze step's update ({result['maze']['segments']} turns), seconds, against the trainer before "
+                   "issue 21", "value": result["maze"]["step_s"]["padded"], "unit": "s",
+         "baseline": result["maze"]["step_s"]["today"], "baseline_name": f"commit {BASELINE}",
+         "ratio": result["maze_train_time_ratio"]},
+        {"figure": "logprob computation's peak memory at a 151,936-entry vocabulary, chunked against full logits",
+         "value": result["logprob_memory"]["chunked_peak_mb"], "unit": "MB",
+         "baseline": result["logprob_memory"]["full_peak_mb"], "baseline_name": "full logits",
+         "ratio": result["logprob_peak_memory_ratio"]},
+    ]
     out = Path(a.out or RESULTS / ("update-quick.json" if a.quick else "update.json"))
     write_result(out.stem, result, machine, out.parent)
     print(json.dumps(result))
     return result
+
+
+def packing_and_precision(quick: bool, model_path: str, work: Path) -> dict:
+    """Side by side in child processes taking turns (benchmarks/_update_side.py), best step each:
+    - skewed: 16 sequences of 32 to 2048 tokens on the bench model, padded micro-batches of 8 against packed
+      rows of 4096 tokens, and packed in bfloat16 and with activation checkpointing;
+    - maze: a maze step's batch (benchmarks/_maze_batch.py; 16 episodes with --quick, 128 as `make maze`) with
+      the maze recipe's update, on the trainer before issue 21 (BASELINE), today's padded one (the recipe's)
+      and packed rows of 16384 tokens;
+    then the logprob computation's peak memory at Qwen3-VL's vocabulary (benchmarks/logprob_memory.py) and, in
+    this process, what bfloat16 and activation checkpointing change in the numbers."""
+    from benchmarks import logprob_memory
+    from examples.maze import maze_config
+
+    steps = 1 if quick else 2
+    packed = {"tokens_per_micro_batch": 4096}
+    skewed, ready = race({name: contender(f"skewed-{name}", model_path, "skewed", train, 16, work) for name, train in {
+        "padded": {"micro_batch_size": 8}, "packed": packed, "packed_bf16": {**packed, "dtype": "bfloat16"},
+        "packed_checkpointing": {**packed, "activation_checkpointing": True}}.items()}, steps)
+    maze_model, episodes = str(maze_config.WARMSTART), 16 if quick else 128
+    maze = {"today": contender("maze-today", maze_model, "maze", MAZE_TRAIN, episodes, work, today=True),
+            "padded": contender("maze-padded", maze_model, "maze", MAZE_TRAIN, episodes, work),
+            "packed": contender("maze-packed", maze_model, "maze", {**MAZE_TRAIN, "tokens_per_micro_batch": 16384},
+                                episodes, work)}
+    maze_s, maze_ready = race(maze, steps)
+    skew_tokens = ready["padded"]["tokens"]
+    memory = logprob_memory.measure(tokens=2048 if quick else 4096, generated=1024 if quick else 2048)
+    return {
+        "skewed": {"tokens": skew_tokens, "step_s": _rounded(skewed),
+                   "tokens_per_s": {k: round(skew_tokens / v, 1) for k, v in skewed.items()}},
+        "packed_vs_padded_skewed": round(skewed["padded"] / skewed["packed"], 3),
+        "bf16_vs_fp32_packed_skewed": round(skewed["packed"] / skewed["packed_bf16"], 3),
+        "checkpointing_vs_not_packed_skewed": round(skewed["packed"] / skewed["packed_checkpointing"], 3),
+        "maze": {"episodes": episodes, "segments": maze_ready["padded"]["segments"], "step_s": _rounded(maze_s),
+                 "baseline": BASELINE, "trainers": {k: v["trainer"] for k, v in maze_ready.items()}},
+        "maze_train_time_ratio": round(maze_s["padded"] / maze_s["today"], 3),
+        "maze_packed_vs_today": round(maze_s["packed"] / maze_s["today"], 3),
+        "logprob_memory": memory, "logprob_peak_memory_ratio": memory["ratio"],
+        "precision": precision_gaps(model_path),
+    }
+
+
+def precision_gaps(model_path: str) -> dict:
+    """Trainer logprobs in bfloat16 against float32 on the same sequences (max and mean absolute gap over the
+    sampled tokens), and the adapter after one step with and without activation checkpointing (max gap)."""
+    from grpo.learner import forward
+    from grpo.learner.config import TrainConfig
+    from grpo.learner.lora import LoraConfig
+    from grpo.learner.worker import TrainWorker
+
+    processor = forward.load_processor(model_path)
+    trajs, advantages = skewed_batch(processor, 6, seed=1)
+    workers = {name: TrainWorker(model_path, lora=LoraConfig(rank=LORA_RANK, alpha=2 * LORA_RANK), cpu_threads=2,
+                                 train=TrainConfig(lr=1e-3, tokens_per_micro_batch=4096, **kw))
+               for name, kw in {"fp32": {}, "bf16": {"dtype": "bfloat16"},
+                                "checkpointing": {"activation_checkpointing": True}}.items()}
+    seqs = [forward.expand(processor, s.token_ids, s.images, [torch.tensor(s.loss_mask)]) for t in trajs
+            for s in t.segments]
+    lps = {}
+    for name in ("fp32", "bf16"):
+        batch = forward.collate(processor, seqs, forward.tokenizer_of(processor).pad_token_id)
+        with torch.no_grad():
+            lps[name] = forward.token_logprobs(workers[name].model, batch, batch.per_token[0])
+    gap = (lps["bf16"] - lps["fp32"]).abs()[batch.per_token[0].bool()]
+    for name in ("fp32", "checkpointing"):
+        workers[name].train_step(trajs, advantages)
+    a, b = workers["fp32"].gather_adapter(), workers["checkpointing"].gather_adapter()
+    return {"bf16_logprob_gap_max": float(gap.max()), "bf16_logprob_gap_mean": float(gap.mean()),
+            "checkpointing_adapter_gap_max": max(float((a[k] - b[k]).abs().max()) for k in a)}
+
+
+def _rounded(times: dict) -> dict:
+    return {k: round(v, 3) for k, v in times.items()}
 
 
 if __name__ == "__main__":

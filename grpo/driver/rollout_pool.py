@@ -75,13 +75,7 @@ class RolloutPool:
         slices = split(tasks, len(self.workers))
         calls = [(f"rollout-{i}", w.rollout.remote(part, group_size, config, greedy))
                  for i, (w, (_, part)) in enumerate(zip(self.workers, slices)) if part]
-        results = gather(calls, self.call_timeout_s, "rollout")
-        trajs: list[Trajectory] = []
-        for offset, (chunk, _) in zip([offset for offset, part in slices if part], results):
-            for t in chunk:
-                t.group_id += offset
-            trajs.extend(chunk)
-        return trajs, merge_stats([s for _, s in results])
+        return _batch_wide(slices, gather(calls, self.call_timeout_s, "rollout"))
 
     def rollout_stored(self, tasks: list[Task], group_size: int, config: RolloutConfig,
                        faults: list[Fault] = ()) -> tuple[list[Trajectory], list, RolloutStats]:
@@ -99,13 +93,8 @@ class RolloutPool:
                     _rollout_stored, part, group_size, config)
                 calls.append((f"rollout-{i}", refs[0]))
                 groups.extend(refs[1:])
-        results = gather(calls, self.call_timeout_s, "rollout")
-        headers: list[Trajectory] = []
-        for offset, (chunk, _) in zip([offset for offset, part in slices if part], results):
-            for t in chunk:
-                t.group_id += offset
-            headers.extend(chunk)
-        return headers, groups, merge_stats([s for _, s in results])
+        headers, stats = _batch_wide(slices, gather(calls, self.call_timeout_s, "rollout"))
+        return headers, groups, stats
 
     def shutdown(self) -> None:
         """Kill the workers, alive, hung or dead, and drop their adapter leases (a killed worker cannot release
@@ -122,6 +111,16 @@ class RolloutPool:
             with contextlib.suppress(OSError):
                 store.release(f"rollout-{i}")
         self.workers = []
+
+
+def _batch_wide(slices: list[tuple[int, list[Task]]], results: list) -> tuple[list[Trajectory], RolloutStats]:
+    """The workers' (episodes, stats) results as one batch: group ids renumbered batch-wide, stats merged."""
+    trajs: list[Trajectory] = []
+    for offset, (chunk, _) in zip([offset for offset, part in slices if part], results):
+        for t in chunk:
+            t.group_id += offset
+        trajs.extend(chunk)
+    return trajs, merge_stats([s for _, s in results])
 
 
 def _rollout_stored(worker: RolloutWorker, tasks: list[Task], group_size: int, config: RolloutConfig) -> tuple:
