@@ -60,6 +60,26 @@ def _trainer_logprobs(processor, model, segments):
     return lp[mask], batch.per_token[1][mask]
 
 
+def test_a_step_leaves_its_episodes_in_the_object_store_and_the_driver_their_headers(ray_rollout):
+    from grpo.driver.rollout_pool import _rollout_stored, fetch
+    from grpo.driver.train_group import StoredEpisodes
+
+    ray, actor, _, version = ray_rollout
+    tasks = [Task("maze", seed, MAZE) for seed in (1_000_003, 1_000_004)]
+    cfg = RolloutConfig(temperature=1.0, max_tokens_per_turn=10, history="none")
+    refs = actor.__ray_call__.options(num_returns=3).remote(_rollout_stored, tasks, G, cfg)
+    headers, stats = ray.get(refs[0])
+    assert stats.episodes == len(headers) == 2 * G and [h.group_id for h in headers] == [0] * G + [1] * G
+    assert all(h.segments == [] and h.turn_rewards and h.adapter_version == version for h in headers)
+    # The whole episodes, read back from their groups' objects: the headers' episodes with their tokens.
+    whole = fetch(refs[1:], headers, list(range(2 * G)))
+    assert [(t.seed, t.turn_rewards, t.num_turns) for t in whole] == [(h.seed, h.turn_rewards, h.num_turns)
+                                                                     for h in headers]
+    assert all(t.segments and t.num_generated > 0 for t in whole)
+    stored = StoredEpisodes.of(refs[1:], [G + 1, G + 2], G)
+    assert stored.groups == [refs[2]] and stored.picks == [(0, 1), (0, 2)]
+
+
 @pytest.mark.parametrize("history", ["full", "none"])
 def test_trainer_forward_reproduces_vllm_logprobs(ray_rollout, tiny_vl, history):
     ray, actor, model, version = ray_rollout
