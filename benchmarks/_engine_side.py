@@ -32,8 +32,8 @@ def parser() -> argparse.ArgumentParser:
     add_workload_args(ap)
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--micro-batch-size", type=int, default=64)
-    # Packed rows: the batch's 64 sequences (prompt and reply, at most 512 tokens each) in one row, no padding.
-    ap.add_argument("--tokens-per-micro-batch", type=int, default=32768)
+    # Packed rows (train.tokens_per_micro_batch); by default padded micro-batches of --micro-batch-size.
+    ap.add_argument("--tokens-per-micro-batch", type=int, default=None)
     ap.add_argument("--train-ranks", type=int, default=1)
     return ap
 

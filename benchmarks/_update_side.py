@@ -5,7 +5,7 @@
 Each child builds its batch and a single-process TrainWorker (2 threads), reports "ready", then runs one
 train step each time the parent says go (benchmarks/_turns.py). "today" runs the trainer as it was before
 packing, chunked logprobs and the vision cache (BASELINE, extracted with `git archive` and put first on the
-child's PYTHONPATH): the same batch builders, the trainer of that commit.
+child's import path): the same batch builders, the trainer of that commit.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from pathlib import Path
 from benchmarks._machine import ROOT
 from benchmarks._turns import Contender, report, wait_go
 
+TREE = "GRPO_UPDATE_SIDE_TREE"  # the child imports the trainer from this folder instead of the repository's
 BASELINE = "7e382a0"  # main before the update's rework (issue 21): right-padded micro-batches, full logits
 LORA_RANK = {"skewed": 32, "maze": 16}
 # The maze recipe's update (examples/maze/cpu.yaml): 64 sequences a micro-batch, 4 updates a batch.
@@ -54,7 +55,7 @@ def baseline_tree() -> Path:
 def contender(name: str, model: str, batch: str, train: dict, episodes: int, work: Path, today: bool = False):
     env = dict(os.environ)
     if today:
-        env["PYTHONPATH"] = os.pathsep.join([str(baseline_tree()), str(ROOT)])
+        env[TREE] = str(baseline_tree())
     argv = [sys.executable, "-m", "benchmarks._update_side", "--model", model, "--batch", batch, "--train",
             json.dumps(train), "--episodes", str(episodes)]
     return Contender(name, argv, work / f"update-{name}.log", env)
@@ -78,6 +79,9 @@ def race(contenders: dict, steps: int) -> tuple[dict[str, float], dict[str, dict
 
 
 def main() -> None:
+    if os.environ.get(TREE):
+        # Ahead of the repository, which `python -m` puts first on the path.
+        sys.path.insert(0, os.environ[TREE])
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--batch", choices=("skewed", "maze"), required=True)
