@@ -118,6 +118,14 @@ def test_an_episode_split_into_turns_weighs_as_one_sequence(agg, expected_loss, 
     assert_close(first.loss + second.loss, t(expected_loss))
     assert_close(turn1.grad, t([[a_grad] * 2]))
     assert_close(rest.grad, t([[a_grad, 0], [b_grad, 0]]))
+    # ... and the three turns packed into one row, each token with its episode's generated tokens.
+    packed = leaf([[0.0] * 6])
+    out = policy_loss(packed, packed.detach(), t([[3.0, 3.0, 3.0, 3.0, -1.0, -1.0]]),
+                      torch.tensor([[1, 1, 1, 0, 1, 0]]), config, normalizer,
+                      sequence_tokens=t([[3.0, 3.0, 3.0, 3.0, 1.0, 1.0]]))
+    out.loss.backward()
+    assert_close(out.loss, t(expected_loss))
+    assert_close(packed.grad, t([[a_grad, a_grad, a_grad, 0, b_grad, 0]]))
     # Counting rows as sequences (the old rule) would count A twice.
     assert loss_normalizer(masks, config) == 1.5 * normalizer
 
@@ -294,5 +302,5 @@ def test_bad_inputs_are_refused_with_the_fix():
         policy_loss(lp, lp, adv, mask[:, :2], AlgorithmConfig(), 1.0)
     with pytest.raises(ValueError, match="advantages must be"):
         policy_loss(lp, lp, torch.zeros(3), mask, AlgorithmConfig(), 1.0)
-    with pytest.raises(ValueError, match=r"sequence_tokens must be \(B,\)"):
-        policy_loss(lp, lp, adv, mask, AlgorithmConfig(), 1.0, sequence_tokens=torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"sequence_tokens must be \(B,\) or \(B, T\)"):
+        policy_loss(lp, lp, adv, mask, AlgorithmConfig(), 1.0, sequence_tokens=torch.ones(3))
