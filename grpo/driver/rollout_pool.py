@@ -132,16 +132,11 @@ def _rollout_stored(worker: RolloutWorker, tasks: list[Task], group_size: int, c
 def fetch(groups: list, headers: list[Trajectory], indices: list[int]) -> list[Trajectory]:
     """The whole episodes at `indices` of a batch that rollout_stored returned, read from the object store
     (only the groups that hold them), with the batch-wide group ids of their headers."""
-    import ray
+    from grpo.driver.train_group import StoredEpisodes  # here: a rollout worker unpickles this module too
 
-    size = len(headers) // len(groups)
-    wanted = sorted({i // size for i in indices})
-    got = dict(zip(wanted, ray.get([groups[k] for k in wanted])))
-    out = []
-    for i in indices:
-        traj = got[i // size][i % size]
+    out = StoredEpisodes.of(groups, indices, len(headers) // len(groups)).read()
+    for i, traj in zip(indices, out):
         traj.group_id = headers[i].group_id
-        out.append(traj)
     return out
 
 

@@ -30,12 +30,16 @@ class StoredEpisodes:
         at = {k: n for n, k in enumerate(used)}
         return cls([groups[k] for k in used], [(at[i // group_size], i % group_size) for i in indices])
 
+    def read(self) -> list:
+        """The episodes, in order, read from the object store."""
+        import ray
+
+        groups = ray.get(self.groups)
+        return [groups[k][j] for k, j in self.picks]
+
 
 def _train_stored(worker: TrainWorker, episodes: StoredEpisodes, advantages: list) -> dict[str, float]:
-    import ray
-
-    groups = ray.get(episodes.groups)
-    return worker.train_step([groups[k][j] for k, j in episodes.picks], advantages)
+    return worker.train_step(episodes.read(), advantages)
 
 
 class TrainGroup:

@@ -25,6 +25,11 @@ from rollout.models import (  # noqa: F401  (re-exported: the trainer side reads
 )
 
 
+def unwrapped(model):
+    """The transformers model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def load_model(model_path: str | Path, dtype: torch.dtype = torch.float32):
     """Load a causal LM or an image-text-to-text model by path, whichever the folder holds."""
     import json
@@ -147,7 +152,7 @@ def token_logprobs(model, batch: Batch, mask: torch.Tensor | None = None, temper
     want = (batch.attention_mask if mask is None else mask)[:, 1:].bool()
     if batch.seq_starts is not None:  # a packed sequence's first token does not follow the one before it
         want = want & ~batch.seq_starts[:, 1:]
-    head_owner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head_owner = unwrapped(model)
     head = head_owner.get_output_embeddings()
     scorer = _MaskedLogprobs(head, want, batch.input_ids[:, 1:][want], batch.banned_ids, temperature,
                              chunk_tokens, _softcap(head_owner))

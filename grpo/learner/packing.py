@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.learner.forward import Batch, Expanded, image_token_id, vision_token_ids
+from grpo.learner.forward import Batch, Expanded, image_token_id, unwrapped, vision_token_ids
 
 # Image-text families whose masks transformers builds from more than the position ids (Gemma 3 attends both
 # ways inside an image) or whose packing is not tested here.
@@ -28,8 +28,7 @@ PACKED_SDPA = "grpo_packed_sdpa"
 def prepare(model) -> None:
     """Refuse a model whose packed forward is not known to equal its unpacked one; with SDPA, switch its
     decoder's attention to packed_sdpa (idempotent; padded batches run plain SDPA through it)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    config = inner.config
+    config = unwrapped(model).config
     if hasattr(config, "vision_config") and config.model_type not in PACKABLE_IMAGE_TEXT:
         raise ValueError(f"train.tokens_per_micro_batch (packed sequences) supports the image-text families "
                          f"{', '.join(PACKABLE_IMAGE_TEXT)} and text models, not {config.model_type}: leave it "
@@ -108,8 +107,7 @@ def pack(processor, seqs: list[Expanded], model) -> Batch:
 
 
 def _rope_index(model):
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(getattr(inner, "model", None), "get_rope_index", None)
+    return getattr(getattr(unwrapped(model), "model", None), "get_rope_index", None)
 
 
 def _rope_positions(rope_index, seq: Expanded, pad: int) -> torch.Tensor:

@@ -13,10 +13,12 @@ import contextlib
 
 import torch
 
+from grpo.learner.forward import unwrapped
+
 
 class VisionCache:
     def __init__(self, model):
-        inner = getattr(model.get_base_model() if hasattr(model, "get_base_model") else model, "model", None)
+        inner = getattr(unwrapped(model), "model", None)
         tower = getattr(inner, "visual", None)
         self.enabled = tower is not None and hasattr(inner, "get_image_features") and not any(
             p.requires_grad for p in tower.parameters())
