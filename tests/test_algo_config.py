@@ -34,6 +34,7 @@ def test_defaults_are_valid():
         ("kl_coef", -0.01, "a number >= 0"),
         ("kl_estimator", "k4", "one of 'k1', 'k2', 'k3'"),
         ("tis_cap", 0.5, "a number >= 1, or None"),
+        ("old_logprobs", "vllm", "one of 'trainer', 'sampler'"),
     ],
 )
 def test_bad_value_names_field_value_and_what_is_allowed(field, value, allowed):
@@ -55,6 +56,17 @@ def test_k1_is_a_metric_not_a_penalty():
     with pytest.raises(ConfigError, match=r"AlgorithmConfig\.kl_estimator='k1' .*zero expected gradient.*'k3'.*'k2'"):
         AlgorithmConfig(kl_coef=0.05, kl_estimator="k1")
     assert AlgorithmConfig(kl_estimator="k1").kl_coef == 0.0
+
+
+def test_sampler_old_logprobs_refuse_tis():
+    # TIS weighs by exp(old - sampler): with the sampler's logprobs as the old ones that is 1 on every token.
+    refused = (r"AlgorithmConfig\.old_logprobs='sampler' .*algorithm\.tis_cap=2\.0.*does nothing; "
+               r"set algorithm\.tis_cap: null.*algorithm\.old_logprobs: trainer")
+    with pytest.raises(ConfigError, match=refused):
+        AlgorithmConfig(old_logprobs="sampler", tis_cap=2.0)
+    assert AlgorithmConfig().old_logprobs == "trainer"
+    assert AlgorithmConfig(old_logprobs="sampler").tis_cap is None
+    assert AlgorithmConfig(old_logprobs="trainer", tis_cap=2.0).tis_cap == 2.0
 
 
 def test_helpers_serve_other_config_classes():

@@ -8,6 +8,7 @@ import torch
 from _fixtures_train import advantages, assert_same_state, max_abs_diff, saved_state, trajectories
 
 from grpo.algo.config import AlgorithmConfig, ConfigError
+from grpo.algo.loss import merge_metrics
 from grpo.driver.train_group import StoredEpisodes, TrainGroup
 from grpo.learner import forward
 from grpo.learner.config import TrainConfig
@@ -109,6 +110,72 @@ def test_updates_per_batch(tiny_vl, start_adapter, packed):
     # The sync alarm compares vLLM with the weights the batch was sampled from, in both modes.
     assert ma["sampler_abs_diff"] == pytest.approx(ms["sampler_abs_diff"], rel=1e-6)
     assert ma["sampler_abs_diff_max"] == pytest.approx(ms["sampler_abs_diff_max"], rel=1e-6)
+
+
+def sampled_by(worker: TrainWorker, batch: list, shift: float = 0.0) -> list:
+    """`batch` with every segment's sampler logprobs set to the worker's own, before any update, minus `shift`:
+    a rollout engine in exact agreement with the trainer (shift 0) or off by `shift` on every token."""
+    worker.model.eval()
+    with torch.no_grad():
+        for traj in batch:
+            for seg in traj.segments:
+                one = forward.collate(worker.processor, [forward.expand(worker.processor, seg.token_ids, seg.images,
+                                                                        [torch.tensor(seg.loss_mask)])], worker.pad_id)
+                lp = forward.token_logprobs(worker.model, one, one.per_token[0])[0].tolist()
+                seg.sampler_logprobs = [x - shift if m else 0.0 for x, m in zip(lp, seg.loss_mask)]
+    return batch
+
+
+def per_update(worker: TrainWorker, batch: list, adv: list, monkeypatch) -> list[dict]:
+    """One train step; the metrics of each of its updates, in order."""
+    seen, update = [], worker._update
+
+    def spy(*args):
+        outputs, tokens = update(*args)
+        seen.append(merge_metrics(outputs))
+        return outputs, tokens
+
+    monkeypatch.setattr(worker, "_update", spy)
+    worker.train_step(batch, adv)
+    return seen
+
+
+def trainer_and_sampler(tiny_vl, start_adapter) -> tuple[TrainWorker, TrainWorker]:
+    """Two workers, old_logprobs "trainer" and "sampler", from the same adapter: two updates per batch, float32."""
+    config = comparable(2, updates_per_batch=2, dtype="float32")
+    return tuple(TrainWorker(tiny_vl, algorithm=AlgorithmConfig(kl_coef=0.1, old_logprobs=mode), train=config,
+                             adapter_path=start_adapter) for mode in ("trainer", "sampler"))
+
+
+def test_sampler_old_logprobs_match_the_trainers_when_they_agree(tiny_vl, start_adapter, monkeypatch):
+    trainer, sampler = trainer_and_sampler(tiny_vl, start_adapter)
+    monkeypatch.setattr(sampler, "_score", lambda *a: pytest.fail("old_logprobs 'sampler' needs no scoring pass"))
+    before = trainer.gather_adapter()
+    batch, adv = sampled_by(trainer, trajectories(trainer.processor, 6, seed=3, images=False)), advantages(6, seed=3)
+    mt, ms = per_update(trainer, batch, adv, monkeypatch), per_update(sampler, batch, adv, monkeypatch)
+    assert len(mt) == len(ms) == 2
+    # Old logprobs scored before the first update, or recorded by a sampler in exact agreement: the same updates.
+    step = max_abs_diff(trainer.gather_adapter(), before)
+    assert step > 1e-2  # it did train
+    assert max_abs_diff(trainer.gather_adapter(), sampler.gather_adapter()) <= 1e-5 * step
+    for t, s in zip(mt, ms):
+        assert t["ratio_mean"] == pytest.approx(s["ratio_mean"], abs=1e-6) and t["loss"] == pytest.approx(s["loss"])
+    # The first update's forward runs on the weights the batch was sampled from: the sync alarm reads 0.
+    assert ms[0]["sampler_abs_diff_max"] <= 1e-5 and ms[0]["clip_fraction"] == 0.0
+
+
+def test_sampler_old_logprobs_clip_against_the_sampler(tiny_vl, start_adapter, monkeypatch):
+    # Every sampled token 0.5 less likely to the sampler than to the trainer: against the sampler's logprobs
+    # every ratio starts at exp(0.5) = 1.65 > 1 + clip_high, so the tokens of positive advantage are clipped.
+    trainer, sampler = trainer_and_sampler(tiny_vl, start_adapter)
+    batch = sampled_by(trainer, trajectories(trainer.processor, 6, seed=3, images=False), shift=0.5)
+    adv = advantages(6, seed=3)
+    mt, ms = per_update(trainer, batch, adv, monkeypatch), per_update(sampler, batch, adv, monkeypatch)
+    assert mt[0]["clip_fraction"] == 0.0 and mt[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert ms[0]["clip_fraction"] > 0.1 and ms[0]["ratio_mean"] == pytest.approx(math.exp(0.5), rel=1e-5)
+    # The sync alarm sees the shift in both modes.
+    assert mt[0]["sampler_abs_diff"] == pytest.approx(0.5, abs=1e-5)
+    assert ms[0]["sampler_abs_diff"] == pytest.approx(0.5, abs=1e-5)
 
 
 def test_batch_without_generated_tokens_is_skipped(tiny_vl):

@@ -45,6 +45,11 @@ class AlgorithmConfig:
     # metric (kl_coef 0): its expected gradient on-policy is zero.
     kl_estimator: str = "k3"
     tis_cap: Optional[float] = None  # truncated importance sampling vs the sampler's logprobs; None: off
+    # The old policy of the PPO ratio. "trainer": the trainer's logprobs before the batch's first update, at the
+    # cost of a scoring pass over every mini-batch after the first; "sampler": the rollout engine's logprobs of
+    # the sampled tokens (the behaviour policy, which off-policy rollouts need), no scoring pass. On-policy in
+    # float32 the two agree to ~1e-7 (sampler_abs_diff).
+    old_logprobs: str = "trainer"
     # Step-level advantages (GiGPO's "anchor states"): each turn also gets its discounted return against
     # the other turns of its group taken from the same env state (Env.state_key), weighted by this; 0: off.
     step_weight: float = 0.0
@@ -81,5 +86,12 @@ class AlgorithmConfig:
             "algorithm.kl_estimator to 'k3' (unbiased, low variance) or 'k2' (its gradient is the KL's)",
         )
         check_number(self, "tis_cap", ge=1, optional=True, hint="e.g. 2.0; a cap below 1 shrinks on-policy tokens")
+        check_choice(self, "old_logprobs", ("trainer", "sampler"))
+        require(
+            self, "old_logprobs", self.old_logprobs != "sampler" or self.tis_cap is None,
+            f"together with algorithm.tis_cap={self.tis_cap}: the TIS weight min(exp(old - sampler), cap) is then 1 "
+            "on every token, a setting that does nothing; set algorithm.tis_cap: null, or keep it and set "
+            "algorithm.old_logprobs: trainer (TIS then corrects the trainer-vs-sampler mismatch)",
+        )
         check_number(self, "step_weight", ge=0, hint="GiGPO uses 1.0; 0 turns step-level advantages off")
         check_number(self, "step_gamma", gt=0, le=1, hint="e.g. 0.95")

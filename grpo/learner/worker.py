@@ -194,8 +194,10 @@ class TrainWorker:
         dealt = split(len(units), self.train.updates_per_batch, self.train.seed * 1_000_003 + self.step)
         plans = [self._plan(items, sorted(i for u in part for i in units[u])) for part in dealt]
         expanded = {i: self._expand(items[i]) for plan in plans for mb, _ in plan.schedule() for i in mb}
-        # The first update's old logprobs are its own forward's, detached: only the later ones are scored first.
-        scored = self._score(plans[1:], expanded) if len(plans) > 1 else None
+        # The first update's old logprobs are its own forward's, detached: only the later ones are scored first,
+        # and none with old_logprobs "sampler" (every update's old policy is then the sampler's).
+        sampler_old = self.algorithm.old_logprobs == "sampler"
+        scored = self._score(plans[1:], expanded) if len(plans) > 1 and not sampler_old else None
 
         outputs, norms, ran_tokens = [], [], 0
         try:
@@ -337,6 +339,8 @@ class TrainWorker:
                     ref = batch.per_token[4] if len(batch.per_token) > 4 else None
                 logprobs = forward.token_logprobs(self.model, batch, mask, self.temperature)
             old = logprobs.detach() if scored is None else batch.per_token[3]
+            if self.algorithm.old_logprobs == "sampler":  # the sampler's are the old policy; the trainer's take
+                old, sampler = sampler, old  # their place in |old - sampler|: sampler_abs_diff stays the sync alarm
             # A filler pass only keeps this rank's collectives in step with the others: with no token in its
             # loss mask it has loss 0, no gradient and no weight in the metrics.
             episode_tokens = torch.tensor([float(items[i].episode_tokens) for i in indices])
