@@ -7,6 +7,7 @@ can check them against its own expansion (grpo.learner.forward.expand).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -130,10 +131,15 @@ class Engine:
         elif cfg.enable_lora:
             self.adapters = HotLoader(self.llm.llm_engine)
         self._asleep = False
+        self._keys = itertools.count()
+        self._running: set[str] = set()  # keys of the requests submitted and not yet returned by step
 
     def load_adapter(self, version: int, path: str | Path) -> LoadedAdapter:
         if self.adapters is None:
             raise RuntimeError("this engine was started with enable_lora=False: it cannot load adapters")
+        if self._running and isinstance(self.adapters, MergedLoader):
+            raise RuntimeError(f"{self.in_flight} requests are in flight on the merged weights: a new version "
+                               "may be merged in only between rollouts")
         return self.adapters.load(version, path)
 
     @property
@@ -145,8 +151,10 @@ class Engine:
     def sampling_params(self, sampling: Sampling, **overrides):
         """vLLM's SamplingParams for `sampling`, as every generate call of this engine uses them."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         kwargs = dict(
+            output_kind=RequestOutputKind.FINAL_ONLY,  # a reply comes back whole, once finished
             temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens,
             stop=list(sampling.stop) or None, logprobs=0, skip_special_tokens=False,
             logit_bias={i: -100.0 for i in self.banned_ids} or None,
@@ -159,24 +167,56 @@ class Engine:
         return SamplingParams(**kwargs)
 
     def generate(self, requests: list[Request], sampling: Sampling, use_adapter: bool = True) -> list[Generation]:
-        """One engine call for the whole batch: vLLM schedules all sequences together."""
+        """One batch, all submitted at once and stepped until the last finishes: vLLM schedules them together."""
+        keys = [self.submit(r, sampling, use_adapter) for r in requests]
+        done: dict[str, Generation] = {}
+        while self.in_flight:
+            done.update(self.step())
+        return [done[k] for k in keys]
+
+    def submit(self, request: Request, sampling: Sampling, use_adapter: bool = True) -> str:
+        """Queue one request on the engine without waiting; `step` returns it once sampled. Returns its key."""
         if self._asleep:
             raise RuntimeError("the engine is asleep: call wake_up() before generating")
-        params = self.sampling_params(sampling)
-        prompts = vllm_prompts(requests)
         lora = None
         if isinstance(self.adapters, MergedLoader):
+            # The merged weights serve every request in flight: they may change only when none is.
+            if self._running and not self.adapters.serves(use_adapter):
+                raise RuntimeError("requests with and without the adapter cannot be in flight together on a "
+                                   "merged engine (engine.merge_adapter)")
             self.adapters.serve(use_adapter)
         elif use_adapter and self.adapters is not None:
             lora = HotLoader.request(self.adapters.current)
-        outs = self.llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
-        gens = []
-        for out in outs:
+        (prompt,) = self.llm._preprocess_cmpl(vllm_prompts([request]))
+        key = str(next(self._keys))
+        self.llm.llm_engine.add_request(key, prompt, self.sampling_params(sampling), lora_request=lora)
+        self._running.add(key)
+        return key
+
+    def step(self) -> dict[str, Generation]:
+        """One engine step over every request in flight: the ones it finished, by key."""
+        done = {}
+        for out in self.llm.llm_engine.step():
+            if not out.finished:
+                continue
             o = out.outputs[0]
             ids = list(o.token_ids)
             lps = [step[t].logprob for step, t in zip(o.logprobs, ids)]
-            gens.append(Generation(ids, lps, o.finish_reason or "length", len(out.prompt_token_ids)))
-        return gens
+            done[out.request_id] = Generation(ids, lps, o.finish_reason or "length", len(out.prompt_token_ids))
+            self._running.discard(out.request_id)
+        return done
+
+    def abort(self, keys=None) -> None:
+        """Drop requests in flight (`keys`, default all: an episode whose group starts over, a failed rollout);
+        their outputs never come back."""
+        keys = [k for k in (self._running if keys is None else keys) if k in self._running]
+        if keys:
+            self.llm.llm_engine.abort_request(keys)
+            self._running.difference_update(keys)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
 
     def sleep(self) -> None:
         """Free accelerator memory for the trainer between rollouts; a no-op on the CPU."""

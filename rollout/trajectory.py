@@ -83,6 +83,10 @@ class RolloutStats:
     stop_reasons: dict
     env_s: float = 0.0      # waiting for env calls (reset, step), all episodes' calls of a turn at once
     env_retries: int = 0    # groups re-run with fresh env instances after their env failed
+    # The engine with no request in flight: since this worker's previous rollout call ended (the trainer's
+    # turn), plus the waits for env calls inside this one.
+    engine_idle_s: float = 0.0
+    in_flight_mean: float = 0.0  # requests in flight on the engine, mean over its steps
     # With tools (envs/tools.py): the calls made and the failed ones per kind; None when no env had tools.
     tool_calls: int | None = None
     tool_errors: dict | None = None
@@ -117,6 +121,7 @@ def merge_stats(parts: list[RolloutStats], sequential: bool = False) -> RolloutS
         mean_reward=weighted("mean_reward"), mean_turns=weighted("mean_turns"),
         parse_errors=sum(p.parse_errors for p in parts), stop_reasons=reasons,
         env_s=took(p.env_s for p in parts), env_retries=sum(p.env_retries for p in parts),
+        engine_idle_s=took(p.engine_idle_s for p in parts), in_flight_mean=weighted("in_flight_mean"),
         **_merged_tool_stats(parts),
     )
 

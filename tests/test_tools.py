@@ -12,7 +12,8 @@ from examples.tools import templates
 from examples.tools.task import LookEnv
 from rollout import tool_calls
 from rollout.env_threads import EnvThreads
-from rollout.worker import RolloutConfig, Task, _Batch
+from rollout.scheduler import Batch
+from rollout.worker import RolloutConfig, Task
 
 
 def calculator(expression: str) -> str:
@@ -155,14 +156,39 @@ def _gen(tok, text: str):
     return SimpleNamespace(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop", expanded_prompt_len=0)
 
 
+class _Scripted:
+    """An engine that answers each request with the next hand-written reply, keeping the contexts it got."""
+
+    def __init__(self, gens):
+        self.gens, self.contexts, self.pending = iter(gens), [], []
+
+    def submit(self, request, sampling, use_adapter):
+        self.contexts.append(list(request.prompt_ids))
+        self.pending.append(str(len(self.contexts)))
+        return self.pending[-1]
+
+    def step(self):
+        out = {k: next(self.gens) for k in self.pending}
+        self.pending = []
+        return out
+
+    def abort(self, keys=None):
+        self.pending = []
+
+
+def _run(batch, gens) -> _Scripted:
+    engine = _Scripted(gens)
+    batch.run(engine, None, True, fits=lambda e: True, continuous=True)
+    return engine
+
+
 def test_each_error_kind_reaches_the_model_and_is_counted(family_tok):
     from rollout.conversation import ChatFormat
 
     tok = family_tok("qwen2.5")
     envs.register("faulty-tools", FaultyToolsEnv, overwrite=True)
-    batch = _Batch([Task("faulty-tools", 3)], 1, RolloutConfig(history="full"), ChatFormat(tok), EnvThreads(1))
-    batch.open([0])
-    ep = batch.episodes[0]
+    batch = Batch([Task("faulty-tools", 3)], 1, RolloutConfig(history="full"), ChatFormat(tok), EnvThreads(1))
+    (ep,) = batch.open([0])
     call = '<tool_call>\n{{"name": "{}", "arguments": {}}}\n</tool_call>'
     replies = [(call.format("calculator", '{"expression": "12 * 13"}'), "156"),
                ("<tool_call>\n{not json}\n</tool_call>", "error (malformed)"),
@@ -170,15 +196,16 @@ def test_each_error_kind_reaches_the_model_and_is_counted(family_tok):
                (call.format("calculator", '{"expr": "1"}'), "error (bad_arguments)"),
                (call.format("boom", '{"x": 1}'), "error (raised)"),
                (call.format("slow", "{}"), "error (timeout)")]
-    for reply, shown in replies:
-        n = len(ep.ids)
-        batch.step([ep], [_gen(tok, reply)])
-        added = tok.decode([i for i, m in zip(ep.ids[n:], ep.mask[n:]) if not m])
+    gens = [_gen(tok, reply) for reply, _ in replies] + [_gen(tok, ep.env.color)]
+    contexts = _run(batch, gens).contexts
+    assert len(contexts) == 7
+    for (_, shown), gen, before, after in zip(replies, gens, contexts, contexts[1:]):
+        added = tok.decode(after[len(before) + len(gen.token_ids):])
         # The reply's sampled <|im_end|> is not repeated: the template's close continues after it.
+        assert after[len(before):len(before) + len(gen.token_ids)] == gen.token_ids
         assert added.startswith(f"\n<|im_start|>user\n<tool_response>\n{shown}")
-        assert added.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n") and not ep.done
-    batch.step([ep], [_gen(tok, ep.env.color)])
-    traj = ep.trajectory(None)
+        assert added.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    traj = batch.episodes[0].trajectory(None)
     assert traj.tool_calls == 6 and traj.num_turns == 7 and traj.stop_reason == "done"
     assert traj.tool_errors == {k: 1 for k in ERROR_KINDS}
     assert traj.turn_rewards == [0.0] * 6 + [1.0] and traj.success
@@ -274,12 +301,10 @@ def test_the_warm_starts_demonstrations_are_the_rollouts_own_ids():
     envs.register("look", LookEnv, overwrite=True)
     seed = 7
     ids, mask = sft.episode(sft.chat_format(tok), seed, call=True)
-    batch = _Batch([Task("look", seed)], 1, RolloutConfig(history="full"),
-                   ChatFormat(tok, sft.RUN.rollout.system_prompt), EnvThreads(1))
-    batch.open([0])
-    ep = batch.episodes[0]
-    for reply in (sft.CALL, ep.env.color):
-        batch.step([ep], [_gen(tok, reply)])
+    batch = Batch([Task("look", seed)], 1, RolloutConfig(history="full"),
+                  ChatFormat(tok, sft.RUN.rollout.system_prompt), EnvThreads(1))
+    (ep,) = batch.open([0])
+    _run(batch, [_gen(tok, sft.CALL), _gen(tok, ep.env.color)])
     seg = ep.trajectory(None).segments[0]
     assert (seg.token_ids, seg.loss_mask) == (ids, mask) and ep.success
     batch.threads.close()
