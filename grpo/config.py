@@ -91,6 +91,18 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class PipelineConfig:
+    # Steps the rollouts may run ahead of the trainer. 0: on-policy, each step samples with the adapter the
+    # last step published. k >= 1: the workers sample the next k steps' episodes while the trainer trains, so
+    # a step may train on episodes sampled up to k adapter versions ago (docs/pipeline.md); it needs the two
+    # sides on their own resources (cluster.colocate: false) and an off-policy correction.
+    max_staleness: int = 0
+
+    def __post_init__(self):
+        check_number(self, "max_staleness", integer=True, ge=0, hint="0 is the on-policy loop")
+
+
+@dataclass(frozen=True)
 class WandbConfig:
     """Weights & Biases logging, optional (`pip install 'grpo[wandb]'`). mode "auto" logs online when an API
     key is configured (WANDB_API_KEY or `wandb login`) and the W&B server answers, else offline into the run
@@ -138,7 +150,7 @@ class MetricsConfig:
 SECTIONS = {
     "env": EnvConfig, "lora": LoraConfig, "algorithm": AlgorithmConfig, "train": TrainConfig,
     "rollout": RolloutConfig, "engine": VllmConfig, "eval": EvalConfig, "checkpoint": CheckpointConfig,
-    "cluster": ClusterConfig, "metrics": MetricsConfig, "fault": FaultConfig,
+    "cluster": ClusterConfig, "metrics": MetricsConfig, "fault": FaultConfig, "pipeline": PipelineConfig,
 }
 
 
@@ -162,6 +174,7 @@ class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
     def __post_init__(self):
         # Plain dicts (YAML, keyword arguments) become their typed sections, and an env may be just a name.
@@ -189,9 +202,27 @@ class RunConfig:
                               "weights; set rollout.top_p: 1 and control exploration with rollout.temperature "
                               "(evaluation is greedy and unaffected)")
         self.train.check_length(self, "steps")
+        self._check_pipeline()
         held_out = set(self.eval_seeds) | set(self.unseen_seeds)
         require(self, "train_seed_offset", self.train_seed_offset > max(held_out, default=-1),
                 f"larger than every eval seed ({max(held_out, default=-1)}), so training never draws them")
+
+    def _check_pipeline(self) -> None:
+        k = self.pipeline.max_staleness
+        if k == 0:
+            return
+        why = f"pipeline.max_staleness={k} samples while the trainer trains"
+        if self.cluster.colocate:
+            raise ConfigError(self, "cluster.colocate", True, f"false: {why}, so rollouts and training need devices "
+                              "of their own (colocated engines sleep while the trainer trains); or set "
+                              "pipeline.max_staleness: 0")
+        if self.algorithm.tis_cap is None and self.algorithm.old_logprobs != "sampler":
+            raise ConfigError(self, "algorithm.tis_cap", None, f"a cap such as 2.0: {why}, so its episodes come "
+                              "from an older adapter and the loss needs the sampler's logprobs to correct for it; "
+                              "or set algorithm.old_logprobs: sampler (docs/pipeline.md)")
+        if self.algorithm.dynamic_sampling:
+            raise ConfigError(self, "algorithm.dynamic_sampling", True, f"false: {why}, and the extra draws of "
+                              "dynamic sampling would wait for each other; or set pipeline.max_staleness: 0")
 
     @property
     def group_size(self) -> int:

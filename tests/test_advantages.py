@@ -59,13 +59,12 @@ def test_equal_reward_groups_get_exactly_zero_and_can_be_dropped():
 def test_the_trainer_trains_only_the_episodes_of_groups_with_signal_when_asked():
     from types import SimpleNamespace
 
-    from grpo.driver.trainer import Trainer
+    from grpo.algo.advantages import batch_advantages
 
     trajs = [SimpleNamespace(reward=r) for r in [1, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 1]]
     for drop, kept_expected in [(False, list(range(12))), (True, [0, 1, 2, 3, 8, 9, 10, 11])]:
-        cfg = SimpleNamespace(algorithm=AlgorithmConfig(drop_zero_signal_groups=drop, scale_rewards="none"),
-                              group_size=4)
-        adv, kept, credit = Trainer._advantages(SimpleNamespace(config=cfg), trajs)
+        algo = AlgorithmConfig(drop_zero_signal_groups=drop, scale_rewards="none", group_size=4)
+        adv, kept, credit = batch_advantages(trajs, algo)
         assert kept == kept_expected and credit == {"zero_signal_groups": 1}
         assert adv == [0.5, -0.5, 0.5, -0.5, 0.0, 0.0, 0.0, 0.0, -0.25, -0.25, -0.25, 0.75]
 

@@ -23,7 +23,7 @@ def test_docs_config_md_is_generated_from_the_classes():
 def test_every_field_has_a_line_and_every_class_one_suffix():
     assert config_reference.missing_descriptions() == []
     names = [cls.__name__ for _, cls in config_reference.sections()]
-    assert len(names) == 13 and all(n.endswith("Config") for n in names), names
+    assert len(names) == 14 and all(n.endswith("Config") for n in names), names
 
 
 def test_rollout_and_engine_sections_are_the_rollout_packages_classes(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 from grpo.algo.advantages import next_draw
 from grpo.algo.config import AlgorithmConfig, ConfigError
 from grpo.driver.fault import InjectionPlan
+from grpo.driver.pipeline import Pipeline
 from grpo.driver.state import TaskSampler
 from grpo.driver.train_group import StoredEpisodes
 from grpo.driver.trainer import Trainer
@@ -58,19 +59,25 @@ class _Pool:
 
     def rollout_stored(self, tasks, group_size, config, faults=()):
         self.calls.append([t.seed for t in tasks])
-        trajs = [SimpleNamespace(reward=r, group_id=k, adapter_version=3, seed=t.seed)
+        trajs = [SimpleNamespace(reward=r, group_id=k, adapter_version=3, seed=t.seed, num_turns=2)
                  for k, t in enumerate(tasks) for r in self.table(t.seed)]
         return trajs, [f"ref-{t.seed}" for t in tasks], _stats(len(trajs), 1.0)
+
+    def submit_stored(self, tasks, group_size, config, faults=()):  # the step's own draw, through the pipeline
+        return self.rollout_stored(tasks, group_size, config, faults)
+
+    def collect(self, submitted):
+        return submitted
 
 
 def _driver(dynamic: bool, tasks_per_step: int = 4, factor: int = 4):
     algo = AlgorithmConfig(group_size=2, drop_zero_signal_groups=True, dynamic_sampling=dynamic,
                            max_draw_factor=factor, scale_rewards="none")
-    cfg = SimpleNamespace(algorithm=algo, group_size=2, tasks_per_step=tasks_per_step, rollout=None)
-    return SimpleNamespace(config=cfg, state=SimpleNamespace(version=3),
-                           callbacks=SimpleNamespace(phase=lambda *_: contextlib.nullcontext()),
-                           _advantages=lambda trajs: Trainer._advantages(SimpleNamespace(config=cfg), trajs),
-                           _check_versions=lambda trajs, v: Trainer._check_versions(None, trajs, v))
+    cfg = SimpleNamespace(algorithm=algo, group_size=2, tasks_per_step=tasks_per_step, rollout=None, steps=1)
+    pipeline = Pipeline(0)
+    pipeline.published(3, 0)
+    return SimpleNamespace(config=cfg, state=SimpleNamespace(version=3), pipeline=pipeline,
+                           callbacks=SimpleNamespace(phase=lambda *_: contextlib.nullcontext()))
 
 
 def _sample(driver, pool, offset=100):

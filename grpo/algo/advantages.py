@@ -105,3 +105,27 @@ def step_advantages(turn_rewards: Sequence[Sequence[float]], turn_states: Sequen
             adv[i][t] = v
     turns = sum(len(r) for r in returns)
     return StepAdvantages(advantages=adv, anchored_share=anchored / turns if turns else 0.0)
+
+
+def batch_advantages(trajs: Sequence, algo: AlgorithmConfig) -> tuple[list, list[int], dict]:
+    """A step's advantages from its episodes (in groups of algo.group_size, group by group): per episode its
+    group-relative advantage, or with step_weight > 0 one value per turn, the episode's advantage plus
+    step_weight x the turn's step-level advantage; the indices of the episodes to train on; and the credit
+    figures logged with the step."""
+    g = algo.group_size
+    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32).view(-1, g)
+    out = group_advantages(rewards, algo)
+    episode = out.advantages.flatten().tolist()
+    keep = out.keep.repeat_interleave(g).tolist()
+    credit = {"zero_signal_groups": int(out.zero_signal.sum())}
+    if algo.step_weight == 0:
+        return episode, [i for i in range(len(trajs)) if keep[i]], credit
+    steps = step_advantages([t.turn_rewards for t in trajs], [t.turn_states for t in trajs],
+                            [t.group_id for t in trajs], algo)
+    adv = [[a + algo.step_weight * s for s in per_turn] for a, per_turn in zip(episode, steps.advantages)]
+    # A group with equal rewards can still rank the moves made from a shared state.
+    stepped = [any(any(steps.advantages[i]) for i in range(k * g, (k + 1) * g)) for k in range(len(trajs) // g)]
+    kept = [i for i in range(len(trajs)) if keep[i] or stepped[i // g]]
+    flat = [abs(s) for per_turn in steps.advantages for s in per_turn]
+    credit.update(step_anchored_share=steps.anchored_share, step_adv_abs_mean=sum(flat) / len(flat) if flat else 0.0)
+    return adv, kept, credit

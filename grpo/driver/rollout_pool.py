@@ -14,6 +14,15 @@ from rollout.trajectory import RolloutStats, Trajectory, merge_stats
 from rollout.worker import RolloutConfig, RolloutWorker, Task
 
 
+@dataclasses.dataclass
+class Submitted:
+    """Rollout calls started on the workers and not yet collected: the task slices, each worker's call for
+    the episodes' headers, and one ObjectRef a group."""
+    slices: list
+    calls: list
+    groups: list
+
+
 class RolloutPool:
     def __init__(self, engine_config: EngineConfig, store_root: str, run_dir: str, workers: int = 1,
                  gpus_per_worker: float = 0.0, resources: dict | None = None, call_timeout_s: float = 1800.0,
@@ -83,6 +92,13 @@ class RolloutPool:
         episodes come back as one Ray object (a return of the worker's call, so this process owns it and it
         outlives the worker) that the train ranks read. Returns the episodes without their segments (what
         advantages, checks and metrics read), one ObjectRef a group in batch order, and the stats."""
+        return self.collect(self.submit_stored(tasks, group_size, config, faults))
+
+    def submit_stored(self, tasks: list[Task], group_size: int, config: RolloutConfig,
+                      faults: list[Fault] = ()) -> "Submitted":
+        """rollout_stored's calls, started without waiting: `collect` waits for them. Each worker runs its calls
+        one after another, in the order they were made, so a rollout submitted before a hot-load samples with
+        the version served before it."""
         for f in faults:
             arm(self.workers[f.index], f)
         slices = split(tasks, len(self.workers))
@@ -93,8 +109,12 @@ class RolloutPool:
                     _rollout_stored, part, group_size, config)
                 calls.append((f"rollout-{i}", refs[0]))
                 groups.extend(refs[1:])
-        headers, stats = _batch_wide(slices, gather(calls, self.call_timeout_s, "rollout"))
-        return headers, groups, stats
+        return Submitted(slices, calls, groups)
+
+    def collect(self, submitted: "Submitted") -> tuple[list[Trajectory], list, RolloutStats]:
+        """Wait for submitted rollouts (at most call_timeout_s from now): rollout_stored's result."""
+        headers, stats = _batch_wide(submitted.slices, gather(submitted.calls, self.call_timeout_s, "rollout"))
+        return headers, submitted.groups, stats
 
     def shutdown(self) -> None:
         """Kill the workers, alive, hung or dead, and drop their adapter leases (a killed worker cannot release

@@ -19,15 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from grpo.algo.advantages import group_advantages, next_draw, step_advantages
+from grpo.algo.advantages import batch_advantages, next_draw
 from grpo.config import RunConfig
 from grpo.driver import session, storage
 from grpo.driver.callbacks import CallbackList
 from grpo.driver.eval import eval_summary
 from grpo.driver.fault import RECORD as fault_record
 from grpo.driver.fault import ActorFault, InjectionPlan, flip_byte
+from grpo.driver.pipeline import Pipeline, check_versions, pipeline_record
 from grpo.driver.preflight import check_run
 from grpo.driver.progress import progress
 from grpo.driver.rollout_pool import RolloutPool, fetch
@@ -58,7 +57,7 @@ class Trainer:
         check_run(config)
         self.callbacks = CallbackList(callbacks)
         self.state = RunState()
-        self.pool = self.group = self.sink = None
+        self.pool = self.group = self.sink = self.pipeline = None
         self.samples = SampleWriter(self.run_dir / "samples.jsonl", config.model)
         self.eval_samples = SampleWriter(self.run_dir / "eval_samples.jsonl", config.model)
         self.restarts = 0
@@ -146,8 +145,9 @@ class Trainer:
         for fault in plan.take(step, "driver"):
             fault.fire()  # SIGKILL of this process, as the out-of-memory killer would
         t1 = time.perf_counter()
-        with phase(self, "sleep"):
-            self.pool.sleep()
+        if not self.pipeline.k:  # with rollouts in flight the engine keeps sampling (cluster.colocate: false)
+            with phase(self, "sleep"):
+                self.pool.sleep()
         with phase(self, "train"):
             tstats = self.group.train_step(StoredEpisodes.of(groups, kept, self.config.group_size),
                                            [adv[i] for i in kept], faults=plan.take(step, "train_rank"))
@@ -156,12 +156,14 @@ class Trainer:
             state.version = self.group.publish(self.store_root)
         for _ in plan.take(step, "adapter"):
             flip_byte(Path(self.store_root) / "adapters" / f"v{state.version:06d}" / "adapter_model.safetensors")
-        with phase(self, "wake_up"):
-            self.pool.wake_up()
+        if not self.pipeline.k:
+            with phase(self, "wake_up"):
+                self.pool.wake_up()
         with phase(self, "hotload"):
             self._serve_new_adapter()
+        self.pipeline.published(state.version, step)
         t3 = time.perf_counter()
-        state.step, state.cursor = step, sampler.cursor
+        state.step, state.cursor = step, self.pipeline.cursor(sampler)
         record = {"step": step, "rollout_adapter_version": rstats_version(trajs), "adapter_version": state.version,
                   "rollout": rstats, "train": tstats, **credit,
                   "time": {"rollout_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0}}
@@ -177,17 +179,22 @@ class Trainer:
         cfg, algo, phase = self.config, self.config.algorithm, self.callbacks.phase
         g, wanted = cfg.group_size, cfg.tasks_per_step
         cap = wanted * algo.max_draw_factor if algo.dynamic_sampling else wanted
-        trajs, groups, parts, faults, n = [], [], [], plan.take(step, "rollout"), wanted
+        trajs, groups, parts, n = [], [], [], wanted
         while n:
             with phase(self, "rollout"):
-                part, refs, stats = self.pool.rollout_stored(sampler.take(n), g, cfg.rollout, faults=faults)
+                if not trajs:  # the step's own draw, submitted up to pipeline.max_staleness steps ahead
+                    self.pipeline.fill(self.pool, sampler, step, cfg.steps, n, g, cfg.rollout, self.state.version,
+                                       lambda s: plan.take(s, "rollout"))
+                    ticket, part, refs, stats, waited = self.pipeline.take(self.pool, step)
+                else:
+                    part, refs, stats = self.pool.rollout_stored(sampler.take(n), g, cfg.rollout)
             for t in part:
                 t.group_id += len(trajs) // g
-            trajs, groups, faults = trajs + part, groups + refs, []
+            check_versions(part, ticket.version if not trajs else self.state.version)
+            trajs, groups = trajs + part, groups + refs
             parts.append(stats)
-            self._check_versions(part, self.state.version)
             with phase(self, "advantages"):
-                adv, kept, credit = self._advantages(trajs)
+                adv, kept, credit = batch_advantages(trajs, algo)
             signal = sorted({i // g for i in kept})
             n = next_draw(wanted, len(signal), len(trajs) // g, cap) if algo.dynamic_sampling else 0
         if algo.dynamic_sampling:
@@ -197,6 +204,8 @@ class Trainer:
         rstats = merge_stats(parts, sequential=True).as_dict()
         rstats.update(groups_drawn=drawn, groups_trained=trained, draw_rounds=len(parts),
                       draws_per_kept_group=drawn / trained if trained else None)
+        credit["pipeline"] = pipeline_record(self.pipeline, self.pipeline.staleness(ticket, step), trained, waited,
+                                             trajs, kept)
         return trajs, groups, rstats, adv, kept, credit
 
     def _serve_new_adapter(self) -> None:
@@ -230,27 +239,6 @@ class Trainer:
         return result
 
     # ------------------------------------------------------------------------------------------ pieces
-    def _advantages(self, trajs) -> tuple[list, list[int], dict]:
-        """Per episode: its group-relative advantage, or with step_weight > 0 one value per turn, the
-        episode's advantage plus step_weight x the turn's step-level advantage."""
-        algo, g = self.config.algorithm, self.config.group_size
-        rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32).view(-1, g)
-        out = group_advantages(rewards, algo)
-        episode = out.advantages.flatten().tolist()
-        keep = out.keep.repeat_interleave(g).tolist()
-        credit = {"zero_signal_groups": int(out.zero_signal.sum())}
-        if algo.step_weight == 0:
-            return episode, [i for i in range(len(trajs)) if keep[i]], credit
-        steps = step_advantages([t.turn_rewards for t in trajs], [t.turn_states for t in trajs],
-                                [t.group_id for t in trajs], algo)
-        adv = [[a + algo.step_weight * s for s in per_turn] for a, per_turn in zip(episode, steps.advantages)]
-        # A group with equal rewards can still rank the moves made from a shared state.
-        stepped = [any(any(steps.advantages[i]) for i in range(k * g, (k + 1) * g)) for k in range(len(trajs) // g)]
-        kept = [i for i in range(len(trajs)) if keep[i] or stepped[i // g]]
-        credit.update(step_anchored_share=steps.anchored_share,
-                      step_adv_abs_mean=_mean_abs([s for per_turn in steps.advantages for s in per_turn]))
-        return adv, kept, credit
-
     def _record_episodes(self, step: int, trajs, groups: list, record: dict) -> None:
         """The mean of each reward function the env reports (`reward/<name>`), and a few decoded episodes."""
         rewards = reward_components(trajs)
@@ -258,13 +246,6 @@ class Trainer:
             record["reward"] = rewards
         shown = pick(list(range(len(trajs))), self.config.metrics.samples_per_step)
         self.samples.write(fetch(groups, trajs, shown) if shown else [], step=step)
-
-    def _check_versions(self, trajs, expected: int) -> None:
-        # The alarm for the worst silent failure: rollouts quietly sampling a stale adapter.
-        used = {t.adapter_version for t in trajs}
-        if used != {expected}:
-            raise RuntimeError(f"rollouts used adapter versions {sorted(used, key=str)}, expected {expected}: "
-                               "the hot-load after the last publish did not take effect")
 
     def _resume_or_begin(self) -> RunState:
         """Fresh actors, the last checkpoint restored (or a new run begun), a fresh adapter version served."""
@@ -291,6 +272,8 @@ class Trainer:
         # Always a new version: the store may hold versions published after the checkpoint.
         state.version = self.group.publish(self.store_root)
         self.pool.sync_adapter(state.version)
+        self.pipeline = Pipeline(self.config.pipeline.max_staleness)
+        self.pipeline.published(state.version, state.step)
         if state.eval_before is None:
             state.eval_before = earlier.eval_before  # measured before a restart that found no checkpoint
         if state.eval_before is None:
@@ -432,10 +415,6 @@ class Trainer:
             self.sink.close()
             self.sink = None
         self._ray.stop()  # joined a cluster: disconnect only; started one here: stop it
-
-
-def _mean_abs(values: list[float]) -> float:
-    return sum(abs(v) for v in values) / len(values) if values else 0.0
 
 
 def rstats_version(trajs) -> int:
