@@ -34,6 +34,10 @@ class Contender:
     def __init__(self, name: str, argv: list[str], log: Path, env: dict | None = None):
         self.name, self.log = name, Path(log)
         self.launched = time.perf_counter()
+        # Seconds the child sat ready, waiting for its first "go" while the other contenders started one at a
+        # time: not its own start-up, so first_step_done_s leaves it out.
+        self.held_s = 0.0
+        self._ready_at: float | None = None
         self._log = open(self.log, "w")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      text=True, env=env, bufsize=1, cwd=ROOT)
@@ -51,11 +55,15 @@ class Contender:
                 continue
             event = json.loads(line[len(MARK):])
             event["at_s"] = time.perf_counter() - self.launched
+            if event.get("event") == "ready":
+                self._ready_at = time.perf_counter()
             if event.get("event") == kind:
                 return event
         raise TimeoutError(f"{self.name}: no {kind!r} event within {timeout_s} s: see {self.log}")
 
     def step(self) -> dict:
+        if self._ready_at is not None:
+            self.held_s, self._ready_at = time.perf_counter() - self._ready_at, None
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
         return self.event("step")

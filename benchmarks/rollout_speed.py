@@ -2,8 +2,8 @@
 
     python -m benchmarks.rollout_speed [--quick] [--model PATH]
 
-The worker runs maze episodes (all live episodes in one engine call per turn); every call it makes is
-recorded, then replayed through the same vLLM engine with nothing else around it: same prompt ids, same
+The worker runs maze episodes (lockstep: all live episodes in one engine batch per turn); every batch it
+submits is recorded, then replayed through the same vLLM engine with nothing else around it: same prompt ids, same
 images, same adapter, and as many tokens per request as the worker got (ignore_eos, so the budgets match).
 Both sides alternate, best-of-N each, in one process: `ratio` = worker / raw is the bookkeeping overhead.
 The last line printed is one JSON object; it is also written, with the machine, to
@@ -58,15 +58,28 @@ def main(argv=None) -> dict:
     cfg = RolloutConfig(temperature=1.0, max_tokens_per_turn=12, history="none")
     tasks = [Task("maze", 2_000_000 + i, options) for i in range(tasks_n)]
 
-    calls = []
-    generate = worker.engine.generate
+    # The worker's engine batches, as it made them: a batch is what it submitted while nothing was in flight
+    # (lockstep, the default schedule: one batch a turn), each request with the tokens it got.
+    calls, pending = [], {}
+    submit, step = worker.engine.submit, worker.engine.step
 
-    def recording(requests, sampling, use_adapter=True):
-        out = generate(requests, sampling, use_adapter)
-        calls.append((requests, sampling, [len(g.token_ids) for g in out]))
-        return out
+    def recording_submit(request, sampling, use_adapter=True):
+        if not worker.engine.in_flight:
+            calls.append(([], sampling, []))
+        key = submit(request, sampling, use_adapter)
+        pending[key] = (calls[-1], len(calls[-1][0]))
+        calls[-1][0].append(request)
+        calls[-1][2].append(None)
+        return key
 
-    worker.engine.generate = recording
+    def recording_step():
+        done = step()
+        for key, gen in done.items():
+            (_, _, lengths), i = pending.pop(key)
+            lengths[i] = len(gen.token_ids)
+        return done
+
+    worker.engine.submit, worker.engine.step = recording_submit, recording_step
     worker.rollout(tasks[:2], 2, cfg)  # warm-up: vLLM's first calls are several times slower
 
     from rollout.hotload import HotLoader

@@ -95,7 +95,9 @@ def run_size(size: str, sides: list[str], steps: int, work: Path, trl_python: Pa
                 rec.pop("event", None)
                 result["sides"][side]["steps"].append(rec)
                 if k == 0:
-                    result["sides"][side]["first_step_done_s"] = round(rec["at_s"], 2)
+                    # From launch to the first step's end, less the time it sat ready while the others started.
+                    result["sides"][side]["first_step_done_s"] = round(rec["at_s"] - c.held_s, 2)
+                    result["sides"][side]["held_before_first_step_s"] = round(c.held_s, 2)
             print(f"[vs_trl] {size} step {k + 1}, load {os.getloadavg()[0]:.1f}: " + ", ".join(
                 f"{s} {result['sides'][s]['steps'][-1]['step_s']:.2f} s" for s in started), file=sys.stderr, flush=True)
     finally:

@@ -127,3 +127,50 @@ def test_rollout_alone_does_not_import_grpo():
             "print(sorted(m for m in sys.modules if m == 'grpo' or m.startswith('grpo.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+_RELEASE: dict = {}  # tag -> Event the fast episodes set once they finished every turn
+_TIMED_OUT: Counter = Counter()
+
+
+class Waiting(envs.Env):
+    """Seed 0's first step waits until the episodes of seed 1 have taken all their 3 turns (or 10 s): only a
+    schedule that lets an episode move on while another's env call is out can open it without the timeout."""
+
+    keep_images = False
+
+    def __init__(self, tag: str):
+        self.tag, self.turn = tag, 0
+
+    def reset(self, seed: int):
+        self.seed, self.turn = seed, 0
+        return Observation(text=f"task {seed}: say anything")
+
+    def step(self, action_text: str):
+        self.turn += 1
+        if self.seed == 0 and self.turn == 1 and not _RELEASE[self.tag].wait(timeout=10):
+            with _LOCK:
+                _TIMED_OUT[self.tag] += 1
+        if self.seed == 1 and self.turn == 3:
+            with _LOCK:
+                _IN_FLIGHT[self.tag] += 1
+                if _IN_FLIGHT[self.tag] == 2:  # both fast episodes are through
+                    _RELEASE[self.tag].set()
+        return StepResult(Observation(text=f"turn {self.turn}"), float(self.turn == 3), self.turn >= 3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["continuous", "lockstep"])
+def test_continuous_episodes_move_on_while_another_env_call_is_out(worker, schedule):
+    envs.register("waiting", Waiting, overwrite=True)
+    tag = f"waiting-{schedule}"
+    _RELEASE[tag] = threading.Event()
+    tasks = [Task("waiting", seed, {"tag": tag}) for seed in (0, 1)]
+    trajs, stats = worker.rollout(tasks, 2, RolloutConfig(max_tokens_per_turn=4, schedule=schedule))
+    assert [t.num_turns for t in trajs] == [3, 3, 3, 3] and all(t.stop_reason == "done" for t in trajs)
+    if schedule == "continuous":
+        # The fast episodes took their 3 turns while both slow ones were inside their first env call.
+        assert _TIMED_OUT[tag] == 0 and stats.engine_calls > 3
+    else:
+        # Lockstep waits for every env call of a turn: the fast episodes could not take turn 2 meanwhile.
+        assert _TIMED_OUT[tag] == 2 and stats.engine_calls == 3

@@ -163,10 +163,11 @@ def test_env_that_keeps_failing_stops_the_rollout_naming_env_seed_and_turn(worke
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault,at", [("raise", 2), ("nan", 1), ("str", 0)])
-def test_a_group_that_fails_once_is_rerun_whole_with_fresh_envs(worker, fault, at):
-    name = f"once-{fault}-{at}"
-    trajs, stats = worker.rollout(_tasks(name, fault=fault, at=at, bad_attempts=2), 2, _config())
+@pytest.mark.parametrize("fault,at,schedule", [("raise", 2, "lockstep"), ("nan", 1, "lockstep"), ("str", 0, "lockstep"),
+                                               ("raise", 2, "continuous"), ("nan", 1, "continuous")])
+def test_a_group_that_fails_once_is_rerun_whole_with_fresh_envs(worker, fault, at, schedule):
+    name = f"once-{fault}-{at}-{schedule}"
+    trajs, stats = worker.rollout(_tasks(name, fault=fault, at=at, bad_attempts=2), 2, _config(schedule=schedule))
     assert stats.env_retries == 1 and stats.episodes == 4
     assert [(t.seed, t.group_id) for t in trajs] == [(5, 0), (5, 0), (7, 1), (7, 1)]
     # Every episode kept ran to the end on one env instance: the failed group's on its re-run (attempts 3, 4).
