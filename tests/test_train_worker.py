@@ -127,7 +127,7 @@ def sampled_by(worker: TrainWorker, batch: list, shift: float = 0.0) -> list:
 
 
 def per_update(worker: TrainWorker, batch: list, adv: list, monkeypatch) -> list[dict]:
-    """One train step; the metrics of each of its updates, in order."""
+    """One train step; the metrics of each of its updates, in order, then the step's."""
     seen, update = [], worker._update
 
     def spy(*args):
@@ -136,8 +136,7 @@ def per_update(worker: TrainWorker, batch: list, adv: list, monkeypatch) -> list
         return outputs, tokens
 
     monkeypatch.setattr(worker, "_update", spy)
-    worker.train_step(batch, adv)
-    return seen
+    return seen + [worker.train_step(batch, adv)]
 
 
 def trainer_and_sampler(tiny_vl, start_adapter) -> tuple[TrainWorker, TrainWorker]:
@@ -153,15 +152,18 @@ def test_sampler_old_logprobs_match_the_trainers_when_they_agree(tiny_vl, start_
     before = trainer.gather_adapter()
     batch, adv = sampled_by(trainer, trajectories(trainer.processor, 6, seed=3, images=False)), advantages(6, seed=3)
     mt, ms = per_update(trainer, batch, adv, monkeypatch), per_update(sampler, batch, adv, monkeypatch)
-    assert len(mt) == len(ms) == 2
+    assert len(mt) == len(ms) == 3
     # Old logprobs scored before the first update, or recorded by a sampler in exact agreement: the same updates.
     step = max_abs_diff(trainer.gather_adapter(), before)
     assert step > 1e-2  # it did train
     assert max_abs_diff(trainer.gather_adapter(), sampler.gather_adapter()) <= 1e-5 * step
-    for t, s in zip(mt, ms):
+    for t, s in zip(mt[:2], ms[:2]):
         assert t["ratio_mean"] == pytest.approx(s["ratio_mean"], abs=1e-6) and t["loss"] == pytest.approx(s["loss"])
-    # The first update's forward runs on the weights the batch was sampled from: the sync alarm reads 0.
+    # The first update's forward runs on the weights the batch was sampled from: the sync alarm reads 0. The
+    # second's runs on weights the first moved; the step reports the first's, as the trainer mode does.
     assert ms[0]["sampler_abs_diff_max"] <= 1e-5 and ms[0]["clip_fraction"] == 0.0
+    assert ms[1]["sampler_abs_diff_max"] > 0.1
+    assert ms[2]["sampler_abs_diff_max"] <= 1e-5 and mt[2]["sampler_abs_diff_max"] <= 1e-5
 
 
 def test_sampler_old_logprobs_clip_against_the_sampler(tiny_vl, start_adapter, monkeypatch):

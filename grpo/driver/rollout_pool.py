@@ -79,12 +79,18 @@ class RolloutPool:
                 faults: list[Fault] = ()) -> tuple[list[Trajectory], RolloutStats]:
         """Tasks split into contiguous slices, one per worker; group ids renumbered batch-wide. `faults`
         (injected, grpo.driver.fault) fire in the named workers during this call."""
+        trajs, _, stats = self.collect(self.submit(tasks, group_size, config, greedy, faults))
+        return trajs, stats
+
+    def submit(self, tasks: list[Task], group_size: int, config: RolloutConfig, greedy: bool = False,
+               faults: list[Fault] = ()) -> "Submitted":
+        """rollout's calls, started without waiting: `collect` waits for them."""
         for f in faults:
             arm(self.workers[f.index], f)
         slices = split(tasks, len(self.workers))
         calls = [(f"rollout-{i}", w.rollout.remote(part, group_size, config, greedy))
                  for i, (w, (_, part)) in enumerate(zip(self.workers, slices)) if part]
-        return _batch_wide(slices, gather(calls, self.call_timeout_s, "rollout"))
+        return Submitted(slices, calls, [])
 
     def rollout_stored(self, tasks: list[Task], group_size: int, config: RolloutConfig,
                        faults: list[Fault] = ()) -> tuple[list[Trajectory], list, RolloutStats]:
@@ -112,7 +118,8 @@ class RolloutPool:
         return Submitted(slices, calls, groups)
 
     def collect(self, submitted: "Submitted") -> tuple[list[Trajectory], list, RolloutStats]:
-        """Wait for submitted rollouts (at most call_timeout_s from now): rollout_stored's result."""
+        """Wait for submitted rollouts (at most call_timeout_s from now): the episodes (without segments when
+        submitted by submit_stored), the group refs (none from submit) and the stats."""
         headers, stats = _batch_wide(submitted.slices, gather(submitted.calls, self.call_timeout_s, "rollout"))
         return headers, submitted.groups, stats
 

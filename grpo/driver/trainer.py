@@ -224,19 +224,21 @@ class Trainer:
             self.state.version = self.group.publish(self.store_root)
             self.pool.sync_adapter(self.state.version)
 
-    def evaluate(self, seeds=None, label: str = "eval") -> dict:
-        """Greedy episodes on the fixed evaluation seeds with the adapter the workers serve now; every episode
-        goes to eval_samples.jsonl under `label`."""
+    def evaluate(self, seeds=None, label: str = "eval", submitted=None) -> dict:
+        """Greedy episodes on the fixed evaluation seeds with the adapter the workers serve now (or the rollout
+        `submitted` earlier, see _start_actors); every episode goes to eval_samples.jsonl under `label`."""
         with self.callbacks.phase(self, "eval"):
-            seeds = list(seeds) if seeds is not None else self.config.eval_seeds
-            cfg = self.config
-            tasks = [Task(cfg.env.name, s, cfg.env.options) for s in seeds]
-            trajs, stats = self.pool.rollout(tasks, 1, cfg.rollout, greedy=True)
+            trajs, _, stats = self.pool.collect(submitted or self._submit_eval(seeds))
             self.eval_samples.write(trajs, label=label)
             result = {**eval_summary(trajs, stats), "solved_seeds": [t.seed for t in trajs if t.success],
                       "outcomes": run_summary.episode_outcomes(trajs)}
         self.callbacks.call("on_eval", self, label, result)
         return result
+
+    def _submit_eval(self, seeds=None):
+        cfg = self.config
+        seeds = list(seeds) if seeds is not None else cfg.eval_seeds
+        return self.pool.submit([Task(cfg.env.name, s, cfg.env.options) for s in seeds], 1, cfg.rollout, greedy=True)
 
     # ------------------------------------------------------------------------------------------ pieces
     def _record_episodes(self, step: int, trajs, groups: list, record: dict) -> None:
@@ -277,8 +279,9 @@ class Trainer:
         if state.eval_before is None:
             state.eval_before = earlier.eval_before  # measured before a restart that found no checkpoint
         if state.eval_before is None:
-            state.eval_before = self.evaluate(label="before")
+            state.eval_before = self.evaluate(label="before", submitted=self._early_eval)
             print(f"[grpo] eval before training: {state.eval_before['success_rate']:.1%}", file=sys.stderr)
+        self._early_eval = None
         # After a restart in this process the wall clock keeps running from this process's start.
         state.started = earlier.started or time.time() - state.wall_s
         if self._recovery is not None:
@@ -396,6 +399,11 @@ class Trainer:
         self.pool = RolloutPool(engine, self.store_root, str(self.run_dir), c.rollout_workers, share,
                                 resources=c.rollout_resources, call_timeout_s=f.call_timeout_s,
                                 env_names=[cfg.env.name])
+        # A fresh run from a fresh adapter (LoRA B = 0: exactly the base model) evaluates before training while
+        # the train ranks start, not after: the engine serves the base model until the first hot-load.
+        fresh = cfg.adapter is None and self.state.eval_before is None and not (
+            Path(self.checkpoint_root) / checkpoint.MARKER).exists()
+        self._early_eval = self._submit_eval() if fresh else None
         self.group = TrainGroup(cfg.model, c.train_ranks, lora=cfg.lora, algorithm=cfg.algorithm,
                                 train=cfg.train, temperature=cfg.rollout.temperature, total_steps=cfg.steps,
                                 adapter_path=cfg.adapter, dtype=cfg.engine.dtype, gpus_per_rank=share,

@@ -198,18 +198,17 @@ class TrainWorker:
         # and none with old_logprobs "sampler" (every update's old policy is then the sampler's).
         sampler_old = self.algorithm.old_logprobs == "sampler"
         scored = self._score(plans[1:], expanded) if len(plans) > 1 and not sampler_old else None
-
-        outputs, norms, ran_tokens = [], [], 0
+        outputs, norms, ran_tokens, first = [], [], 0, None
         try:
             for k, plan in enumerate(plans):
                 plan_outputs, n_tokens = self._update(plan, items, expanded, scored if k else None)
-                outputs += plan_outputs
-                ran_tokens += n_tokens
+                outputs, ran_tokens, first = outputs + plan_outputs, ran_tokens + n_tokens, first or plan_outputs
                 norms.append(self._last_grad_norm)
         finally:
             self._vision.clear()
-
         metrics = merge_metrics(outputs, dist.all_reduce)
+        if sampler_old:  # the later updates' forwards see weights this batch moved: only the first one's compare
+            metrics.update({k: v for k, v in merge_metrics(first, dist.all_reduce).items() if "sampler_abs" in k})
         (ran_tokens,) = dist.all_reduce([float(ran_tokens)])
         metrics.update({
             # Each rank's loss carries a factor world_size (its normaliser is divided by it, as FSDP averages
