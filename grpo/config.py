@@ -52,6 +52,8 @@ class EvalConfig:
             parse_seeds(self.unseen_seeds or [])
         except ValueError:
             raise ConfigError(self, "seeds", self.seeds, "a seed list like '0-63' or '0-3,10'") from None
+        require(self, "seeds", bool(parse_seeds(self.seeds)), "at least one seed, e.g. '0-63', '0-3,10' or [0] (a "
+                "number n means the first n seeds, so 0 means none): the evals before and after training need one")
         check_number(self, "every", integer=True, ge=0)
         check_number(self, "target_success", ge=0, le=1, optional=True)
 

@@ -80,3 +80,11 @@ def test_the_cosine_schedule_runs_over_the_runs_steps():
                                                 "min_lr_ratio": 0.0})
     assert cfg.train.lr_at(0, cfg.steps) == 1.0 and cfg.train.lr_at(5, cfg.steps) == pytest.approx(0.5)
     assert cfg.train.lr_at(10, cfg.steps) == 0.0
+
+
+def test_an_eval_set_without_seeds_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    # A number n is the first n seeds: 0 is none, and the evals before and after training need one.
+    with pytest.raises(ConfigError, match=r"EvalConfig\.seeds=0 .*at least one seed"):
+        RunConfig(model=str(tmp_path), eval={"seeds": 0})
+    assert RunConfig(model=str(tmp_path), eval={"seeds": [0]}).eval_seeds == [0]

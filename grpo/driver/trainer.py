@@ -159,10 +159,13 @@ class Trainer:
         if not self.pipeline.k:
             with phase(self, "wake_up"):
                 self.pool.wake_up()
+        t_load = time.perf_counter()
         with phase(self, "hotload"):
             self._serve_new_adapter()
         self.pipeline.published(state.version, step)
         t3 = time.perf_counter()
+        # The hot-load queues behind the rollouts in flight on the workers: the trainer waits for them there.
+        credit["pipeline"]["trainer_wait_s"] += t3 - t_load
         state.step, state.cursor = step, self.pipeline.cursor(sampler)
         record = {"step": step, "rollout_adapter_version": rstats_version(trajs), "adapter_version": state.version,
                   "rollout": rstats, "train": tstats, **credit,

@@ -87,7 +87,8 @@ class TrainWorker:
             # One OpenMP thread per rank: more threads than cores per process thrash (docs/design.md, "Threads"). A
             # single rank takes every core: Ray starts a 1-CPU actor with one thread, and the rollout engine idles
             # while the trainer runs.
-            threads = cpu_threads if cpu_threads is not None else (1 if world_size > 1 else os.cpu_count() or 1)
+            cores = len(os.sched_getaffinity(0))  # the cores this process may run on (a pinned node has fewer)
+            threads = cpu_threads if cpu_threads is not None else (1 if world_size > 1 else cores)
             torch.set_num_threads(threads)
         if self.train.dtype != "auto":
             dtype = self.train.dtype
