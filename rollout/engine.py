@@ -132,6 +132,7 @@ class Engine:
             self.adapters = HotLoader(self.llm.llm_engine)
         self._asleep = False
         self._keys = itertools.count()
+        self._params: dict = {}  # Sampling -> its SamplingParams
         self._running: set[str] = set()  # keys of the requests submitted and not yet returned by step
 
     def load_adapter(self, version: int, path: str | Path) -> LoadedAdapter:
@@ -189,7 +190,9 @@ class Engine:
             lora = HotLoader.request(self.adapters.current)
         (prompt,) = self.llm._preprocess_cmpl(vllm_prompts([request]))
         key = str(next(self._keys))
-        self.llm.llm_engine.add_request(key, prompt, self.sampling_params(sampling), lora_request=lora)
+        # One SamplingParams for every request of a Sampling, as LLM.generate shares one (vLLM clones it).
+        params = self._params.get(sampling) or self._params.setdefault(sampling, self.sampling_params(sampling))
+        self.llm.llm_engine.add_request(key, prompt, params, lora_request=lora)
         self._running.add(key)
         return key
 

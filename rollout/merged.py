@@ -49,15 +49,19 @@ class MergedLoader:
         """The id of the version merged in now: vLLM itself holds no LoRA in this mode."""
         return {self.current.lora_id} if self.current is not None else set()
 
+    def _wanted(self, use_adapter: bool) -> int | None:
+        """The version a request with `use_adapter` needs in the weights; None: the base model."""
+        return self.current.version if (use_adapter and self.current is not None) else None
+
     def serves(self, use_adapter: bool) -> bool:
         """Whether the weights hold now what a request with `use_adapter` needs."""
-        return self._served == (self.current.version if (use_adapter and self.current is not None) else None)
+        return self._served == self._wanted(use_adapter)
 
     def serve(self, use_adapter: bool) -> None:
         """Put the merged adapter (or the plain base model) into the weights before a generate call."""
-        if self.serves(use_adapter):
+        want = self._wanted(use_adapter)
+        if want == self._served:
             return
-        want = self.current.version if (use_adapter and self.current is not None) else None
         adapter = self.current.path if want is not None else None
         self._llm.collective_rpc(_merge_into_worker, args=(self._model_dir, adapter))
         self._llm.reset_prefix_cache()

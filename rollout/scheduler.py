@@ -23,7 +23,7 @@ from rollout.env_threads import EnvThreads
 from rollout.episode import Episode, run_tools, step_env
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: the loop removes the calls it settled from those in progress
 class _Call:
     """One episode's env call in progress: the reply it answers, and the group attempt it belongs to."""
     episode: Episode
@@ -108,9 +108,8 @@ class Batch:
             if calls and (continuous or not in_flight):
                 done = self._settle_wait(calls, wait_all=not continuous, idle=not in_flight, flow=flow)
                 calls = [c for c in calls if c not in done]
-                failed = self._settle(done)
-                ready += [c.episode for c in done if c.episode.group_id not in failed and not c.episode.done
-                          and c.attempt == self.reruns[c.episode.group_id]]
+                applied, failed = self._settle(done)
+                ready += [c.episode for c in applied if not c.episode.done]
                 if failed:
                     engine.abort([k for k, e in in_flight.items() if e.group_id in failed])
                     in_flight = {k: e for k, e in in_flight.items() if e.group_id not in failed}
@@ -139,20 +138,19 @@ class Batch:
             done = [c for c in calls if c.future.done()]
         return done
 
-    def _settle(self, done: list[_Call]) -> dict[int, EnvError]:
-        """Apply the env's answers (in slot order); the groups whose env failed, by group id. An answer for an
-        attempt of a group that has since started over is dropped."""
+    def _settle(self, done: list[_Call]) -> tuple[list[_Call], dict[int, EnvError]]:
+        """Apply the env's answers (in slot order): the calls applied, and the groups whose env failed, by group
+        id. An answer for an attempt of a group that has since started over is dropped."""
         current = [c for c in done if c.attempt == self.reruns[c.episode.group_id]]
         outcomes = self._outcomes([c.future for c in current])
         failed = self._failures(zip((c.episode.group_id for c in current), outcomes))
-        for c, out in zip(current, outcomes):
-            if c.episode.group_id in failed:
-                continue
+        applied = [(c, out) for c, out in zip(current, outcomes) if c.episode.group_id not in failed]
+        for c, out in applied:
             if c.tool_calls:
                 c.episode.on_tool_turn(c.action, c.tool_calls, *out, c.gen.token_ids, self.config.max_turns)
             else:
                 c.episode.on_step(c.action, *out, c.gen.token_ids, self.config.max_turns)
-        return failed
+        return [c for c, _ in applied], failed
 
     def _outcomes(self, futures: list[Future]) -> list:
         t = time.perf_counter()

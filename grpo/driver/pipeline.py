@@ -16,7 +16,7 @@ rollout waits for its longest episode.
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
 
 
@@ -58,9 +58,10 @@ class Pipeline:
         t = time.perf_counter()
         headers, groups, stats = pool.collect(ticket.submitted)
         waited = time.perf_counter() - t
-        if self.staleness(ticket, step) > self.k:
+        stale = self.staleness(ticket, step)
+        if stale > self.k:
             raise RuntimeError(f"step {step} got a rollout sampled with adapter v{ticket.version}, "
-                               f"{self.staleness(ticket, step)} updates old (pipeline.max_staleness={self.k})")
+                               f"{stale} updates old (pipeline.max_staleness={self.k})")
         return ticket, headers, groups, stats, waited
 
     def staleness(self, ticket: Ticket, step: int) -> int:
@@ -86,7 +87,7 @@ def pipeline_record(pipeline: Pipeline, staleness: int, groups: int, wait_s: flo
     """The step's pipeline metrics: groups trained by staleness, the trainer's wait for the rollout, the
     rollouts in flight, and mean turns of the trained groups against all sampled (the length bias)."""
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
-    return {"staleness": dict(Counter({str(staleness): groups})), "staleness_max": staleness, "trainer_wait_s": wait_s,
+    return {"staleness": {str(staleness): groups}, "staleness_max": staleness, "trainer_wait_s": wait_s,
             "rollouts_in_flight": len(pipeline.queue),
             "mean_turns_trained": mean([trajs[i].num_turns for i in kept]),
             "mean_turns_sampled": mean([t.num_turns for t in trajs])}
