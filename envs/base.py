@@ -38,10 +38,15 @@ class Env(ABC):
 
     `tools`: functions (or envs.tools.Tool) the model may call in its family's native format; a reply that
     calls tools gets their results as `tool` messages and never reaches `step` (docs/tools.md).
+
+    `blocking`: whether `step` and the tools wait on something outside this process (a sandbox, a simulator,
+    the network). An env that only computes (False: the maze) has its steps run inline on the rollout
+    loop's thread, which costs less than handing a sub-millisecond call to a thread and waking the loop.
     """
 
     keep_images: bool = True
     tools: tuple = ()
+    blocking: bool = True
 
     @abstractmethod
     def reset(self, seed: int) -> Observation:

@@ -21,8 +21,17 @@ class EnvThreads:
     def size(self) -> int:
         return len(self._slots)
 
-    def submit(self, slot: int, fn: Callable, *args) -> Future:
-        return self._slots[slot % len(self._slots)].submit(fn, *args)
+    def submit(self, slot: int, fn: Callable, *args, inline: bool = False) -> Future:
+        """`fn(*args)` on the slot's thread; with `inline`, run now on this thread, its outcome a finished Future
+        (for envs that only compute: a thread's hand-off and wake-up cost more than they do)."""
+        if not inline:
+            return self._slots[slot % len(self._slots)].submit(fn, *args)
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as e:
+            future.set_exception(e)
+        return future
 
     def close(self, wait: bool = True) -> None:
         for pool in self._slots:

@@ -81,9 +81,8 @@ class Batch:
         flow = Flow()
         ready = [e for e in self.episodes if not e.done]
         in_flight: dict[str, Episode] = {}
-        replies: list = []
         calls: list[_Call] = []
-        while ready or in_flight or replies or calls:
+        while ready or in_flight or calls:
             if ready and (continuous or not (in_flight or calls)):
                 t = time.perf_counter()
                 for e in ready:
@@ -98,13 +97,12 @@ class Batch:
                 t = time.perf_counter()
                 flow.in_flight_sum += len(in_flight)
                 flow.engine_steps += 1
-                for key, gen in engine.step().items():
-                    replies.append((in_flight.pop(key), gen))
-                    flow.prompt_tokens += gen.expanded_prompt_len
+                replies = [(in_flight.pop(key), gen) for key, gen in engine.step().items()]
+                flow.prompt_tokens += sum(gen.expanded_prompt_len for _, gen in replies)
                 flow.engine_s += time.perf_counter() - t
-            if replies and (continuous or not in_flight):
+                # An env call starts as soon as its reply is back, under lockstep too: it runs while the engine
+                # finishes the turn's other replies. Lockstep still waits for all of them before the next turn.
                 calls += [self._call(e, gen) for e, gen in sorted(replies, key=lambda r: r[0].slot)]
-                replies = []
             if calls and (continuous or not in_flight):
                 done = self._settle_wait(calls, wait_all=not continuous, idle=not in_flight, flow=flow)
                 calls = [c for c in calls if c not in done]
@@ -113,7 +111,6 @@ class Batch:
                 if failed:
                     engine.abort([k for k, e in in_flight.items() if e.group_id in failed])
                     in_flight = {k: e for k, e in in_flight.items() if e.group_id not in failed}
-                    replies = [r for r in replies if r[0].group_id not in failed]
                     ready = [e for e in ready if e.group_id not in failed] + self.open(self._rerun(failed))
                 ready.sort(key=lambda e: e.slot)
         return flow
@@ -121,8 +118,9 @@ class Batch:
     def _call(self, e: Episode, gen) -> _Call:
         action = e.take_reply(gen)
         tools = e.parse_calls(action)
-        future = (self.threads.submit(e.slot, run_tools, e.env, e.toolset, e.task, e.turn, tools) if tools else
-                  self.threads.submit(e.slot, step_env, e.env, e.task, e.turn, action))
+        inline = not getattr(e.env, "blocking", True)
+        future = (self.threads.submit(e.slot, run_tools, e.env, e.toolset, e.task, e.turn, tools, inline=inline)
+                  if tools else self.threads.submit(e.slot, step_env, e.env, e.task, e.turn, action, inline=inline))
         return _Call(e, gen, action, tools, self.reruns[e.group_id], future)
 
     def _settle_wait(self, calls: list[_Call], wait_all: bool, idle: bool, flow: Flow) -> list[_Call]:
@@ -141,7 +139,8 @@ class Batch:
     def _settle(self, done: list[_Call]) -> tuple[list[_Call], dict[int, EnvError]]:
         """Apply the env's answers (in slot order): the calls applied, and the groups whose env failed, by group
         id. An answer for an attempt of a group that has since started over is dropped."""
-        current = [c for c in done if c.attempt == self.reruns[c.episode.group_id]]
+        current = sorted((c for c in done if c.attempt == self.reruns[c.episode.group_id]),
+                         key=lambda c: c.episode.slot)
         outcomes = self._outcomes([c.future for c in current])
         failed = self._failures(zip((c.episode.group_id for c in current), outcomes))
         applied = [(c, out) for c, out in zip(current, outcomes) if c.episode.group_id not in failed]

@@ -116,6 +116,35 @@ def test_the_threads_outlive_a_rollout_but_not_a_failed_one(worker):
     assert set.union(*_threads_of("after")).isdisjoint(first)
 
 
+class Computing(Gate):
+    """Gate's steps, declared to only compute: they run inline on the rollout loop's thread."""
+
+    blocking = False
+
+
+class ComputingBroken(Computing):
+    def step(self, action_text: str):
+        raise RuntimeError("the board is inconsistent")
+
+
+envs.register("gate_computing", Computing, overwrite=True)
+envs.register("gate_computing_broken", ComputingBroken, overwrite=True)
+
+
+@pytest.mark.slow
+def test_an_env_that_only_computes_steps_on_the_loops_thread(worker):
+    threaded, _ = _rollout(worker, "threaded", env_workers=4, greedy=True)
+    tasks = [Task("gate_computing", seed, {"tag": "inline"}) for seed in range(4)]
+    inline, _ = worker.rollout(tasks, 2, RolloutConfig(max_tokens_per_turn=4, env_workers=4, env_retries=0),
+                               greedy=True)
+    # reset on a pool thread, then both steps on this (the loop's) thread; the same episodes as with threads
+    assert all(len(threads) == 2 and threading.get_native_id() in threads for threads in _threads_of("inline"))
+    assert _summary(inline) == _summary(threaded)
+    tasks = [Task("gate_computing_broken", seed, {"tag": "inline_broken"}) for seed in range(4)]
+    with pytest.raises(envs.EnvError, match="board is inconsistent"):
+        worker.rollout(tasks, 2, RolloutConfig(max_tokens_per_turn=4, env_workers=4, env_retries=1))
+
+
 def _summary(trajs) -> list:
     return [(t.seed, t.group_id, t.actions, t.turn_rewards, [s.token_ids for s in t.segments]) for t in trajs]
 

@@ -88,6 +88,8 @@ class MazeEnv(Env):
     always the sparse 1-on-success alone.
     """
 
+    blocking = False  # a step computes for a few tens of microseconds: a thread would cost more than it
+
     def __init__(
         self,
         size: int = DEFAULT_SIZE,

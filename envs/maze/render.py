@@ -33,11 +33,24 @@ def _sprites(cell_px: int) -> tuple[np.ndarray, np.ndarray]:
     return circle, square
 
 
-def render(maze: Maze, agent: tuple[int, int], cell_px: int) -> Image.Image:
-    walls = np.array([[ch == "#" for ch in row] for row in maze.rows])
+@lru_cache(maxsize=256)
+def _background(rows: tuple[str, ...], target: tuple[int, int], cell_px: int) -> np.ndarray:
+    """A layout's pixels with its target and without the agent: fixed for a whole episode, so drawn once (it
+    was most of a maze env step's time)."""
+    walls = np.array([[ch == "#" for ch in row] for row in rows])
     blocks = np.where(walls[..., None], np.uint8(WALL), np.uint8(PATH)).astype(np.uint8)
     pixels = blocks.repeat(cell_px, axis=0).repeat(cell_px, axis=1)
-    circle, square = _sprites(cell_px)
-    for (row, col), mask, colour in ((maze.target, square, TARGET), (agent, circle, AGENT)):
-        pixels[row * cell_px : (row + 1) * cell_px, col * cell_px : (col + 1) * cell_px][mask] = colour
+    _paint(pixels, target, _sprites(cell_px)[1], TARGET, cell_px)
+    pixels.setflags(write=False)
+    return pixels
+
+
+def _paint(pixels: np.ndarray, block: tuple[int, int], mask: np.ndarray, colour, cell_px: int) -> None:
+    row, col = block
+    pixels[row * cell_px : (row + 1) * cell_px, col * cell_px : (col + 1) * cell_px][mask] = colour
+
+
+def render(maze: Maze, agent: tuple[int, int], cell_px: int) -> Image.Image:
+    pixels = _background(maze.rows, maze.target, cell_px).copy()
+    _paint(pixels, agent, _sprites(cell_px)[0], AGENT, cell_px)
     return Image.fromarray(pixels)
