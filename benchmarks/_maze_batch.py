@@ -11,19 +11,27 @@ from __future__ import annotations
 import random
 
 
-def maze_batch(processor, episodes: int, seed: int = 0) -> tuple[list, list[float]]:
-    from envs.maze.env import MazeEnv, action_text, expert_action
+def recipe_mazes() -> dict:
+    """What the maze recipe shows the model (examples/maze/cpu.yaml), read by the parent: a child running the
+    trainer before issue 21 cannot read today's cpu.yaml with that commit's config classes. The reward's
+    options are left out (the baseline's env predates some of them)."""
     from examples.maze import maze_config
+
+    return {"options": {k: maze_config.ENV_OPTIONS[k] for k in ("size", "cell_px", "max_turns")},
+            "seed_base": maze_config.TRAIN_SEED_BASE}
+
+
+def maze_batch(processor, episodes: int, mazes: dict, seed: int = 0) -> tuple[list, list[float]]:
+    """`mazes`: recipe_mazes()."""
+    from envs.maze.env import MazeEnv, action_text, expert_action
     from rollout.conversation import ChatFormat
     from rollout.trajectory import Segment, Trajectory
 
     chat, rng = ChatFormat(processor), random.Random(seed)
-    # What the model sees, without the reward's options (the baseline trainer's env predates some of them).
-    options = {k: maze_config.ENV_OPTIONS[k] for k in ("size", "cell_px", "max_turns")}
     trajs = []
     for e in range(episodes):
-        env = MazeEnv(**options)
-        obs, segments, done = env.reset(maze_config.TRAIN_SEED_BASE + seed * 100_000 + e // 8), [], False
+        env = MazeEnv(**mazes["options"])
+        obs, segments, done = env.reset(mazes["seed_base"] + seed * 100_000 + e // 8), [], False
         while not done:
             action = expert_action(env.maze, env.position) if rng.random() > 0.25 else action_text(rng.randrange(4))
             prompt = chat.prompt_ids(obs)

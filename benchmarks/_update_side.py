@@ -24,8 +24,16 @@ from benchmarks._turns import Contender, report, wait_go
 TREE = "GRPO_UPDATE_SIDE_TREE"  # the child imports the trainer from this folder instead of the repository's
 BASELINE = "7e382a0"  # main before the update's rework (issue 21): right-padded micro-batches, full logits
 LORA_RANK = {"skewed": 32, "maze": 16}
-# The maze recipe's update (examples/maze/cpu.yaml): 64 sequences a micro-batch, 4 updates a batch.
-MAZE_TRAIN = {"lr": 2e-3, "micro_batch_size": 64, "updates_per_batch": 4}
+
+
+def maze_recipe() -> tuple[dict, dict]:
+    """The maze recipe's update (examples/maze/cpu.yaml): its train settings, which the trainer before issue 21
+    also takes, and its algorithm settings that change the update's cost (the old logprobs' source)."""
+    from examples.maze.maze_config import CPU_RUN
+
+    t = CPU_RUN.train
+    return ({"lr": t.lr, "micro_batch_size": t.micro_batch_size, "updates_per_batch": t.updates_per_batch},
+            {"old_logprobs": CPU_RUN.algorithm.old_logprobs})
 
 
 def skewed_batch(processor, sequences: int = 16, seed: int = 0):
@@ -52,12 +60,17 @@ def baseline_tree() -> Path:
     return out
 
 
-def contender(name: str, model: str, batch: str, train: dict, episodes: int, work: Path, today: bool = False):
+def contender(name: str, model: str, batch: str, train: dict, episodes: int, work: Path, today: bool = False,
+              algorithm: dict | None = None):
     env = dict(os.environ)
     if today:
         env[TREE] = str(baseline_tree())
     argv = [sys.executable, "-m", "benchmarks._update_side", "--model", model, "--batch", batch, "--train",
-            json.dumps(train), "--episodes", str(episodes)]
+            json.dumps(train), "--algorithm", json.dumps(algorithm or {}), "--episodes", str(episodes)]
+    if batch == "maze":
+        from benchmarks._maze_batch import recipe_mazes
+
+        argv += ["--mazes", json.dumps(recipe_mazes())]
     return Contender(name, argv, work / f"update-{name}.log", env)
 
 
@@ -86,8 +99,11 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--batch", choices=("skewed", "maze"), required=True)
     ap.add_argument("--train", default="{}")
+    ap.add_argument("--algorithm", default="{}")
+    ap.add_argument("--mazes", default="{}", help="the maze batch's env options and seeds (recipe_mazes())")
     ap.add_argument("--episodes", type=int, default=16)
     a = ap.parse_args()
+    from grpo.algo.config import AlgorithmConfig
     from grpo.learner import forward
     from grpo.learner.config import TrainConfig
     from grpo.learner.lora import LoraConfig
@@ -99,10 +115,11 @@ def main() -> None:
     else:
         from benchmarks._maze_batch import maze_batch
 
-        trajs, advantages = maze_batch(processor, a.episodes)
+        trajs, advantages = maze_batch(processor, a.episodes, json.loads(a.mazes))
     rank = LORA_RANK[a.batch]
     worker = TrainWorker(a.model, lora=LoraConfig(rank=rank, alpha=2.0 * rank),
-                         train=TrainConfig(**json.loads(a.train)), cpu_threads=2)
+                         train=TrainConfig(**json.loads(a.train)), algorithm=AlgorithmConfig(**json.loads(a.algorithm)),
+                         cpu_threads=2)
     tokens = sum(len(s.token_ids) for t in trajs for s in t.segments)
     import grpo
 

@@ -229,7 +229,8 @@ def maze_config(work: Path, name: str, k: int, steps: int, cluster: dict):
         "--model", str(ROOT / "examples" / "maze" / "warmstart"), "--output_dir", str(work / f"{name}-k{k}"),
         "--steps", str(steps), "--tasks_per_step", str(MAZE_TASKS), "--algorithm.group_size", str(MAZE_GROUP),
         "--train.updates_per_batch", "1", "--train.lr", str(MAZE_LR), "--algorithm.drop_zero_signal_groups", "false",
-        "--algorithm.tis_cap", "2.0", "--pipeline.max_staleness", str(k), "--eval.seeds", "[0]",
+        "--algorithm.old_logprobs", "trainer", "--algorithm.tis_cap", "2.0",
+        "--pipeline.max_staleness", str(k), "--eval.seeds", "[0]",
         "--eval.unseen_seeds", "null", "--eval.every", "0", "--eval.target_success", "null",
         "--checkpoint.every", str(10 ** 6), "--metrics.tensorboard", "false", "--metrics.plots", "false",
         "--metrics.samples_per_step", "0", "--cluster", json.dumps(cluster)])

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from benchmarks._machine import RESULTS, ROOT, machine_info, matmul_peak, peaks, write_result
-from benchmarks._update_side import BASELINE, MAZE_TRAIN, contender, race, skewed_batch
+from benchmarks._update_side import BASELINE, contender, maze_recipe, race, skewed_batch
 from rollout import runtime
 
 runtime.configure(ROOT / "runs" / "bench")  # before torch: OMP_WAIT_POLICY is read when OpenMP starts
@@ -310,11 +310,13 @@ def packing_and_precision(quick: bool, model_path: str, work: Path) -> dict:
         skewed[name], skewed[f"packed_beside_{name}"] = best[name], best["packed"]
         pair_ratio[name] = best[name] / best["packed"]
     maze_model, episodes = str(maze_config.WARMSTART), 16 if quick else 128
+    maze_train, maze_algorithm = maze_recipe()
     maze_s, maze_ratio, trainers = {}, {}, {}
-    for name, train in {"padded": MAZE_TRAIN, "packed": {**MAZE_TRAIN, "tokens_per_micro_batch": 16384}}.items():
-        best, maze_ready = race({"today": contender("maze-today", maze_model, "maze", MAZE_TRAIN, episodes, work,
+    for name, train in {"padded": maze_train, "packed": {**maze_train, "tokens_per_micro_batch": 16384}}.items():
+        best, maze_ready = race({"today": contender("maze-today", maze_model, "maze", maze_train, episodes, work,
                                                     today=True),
-                                 name: contender(f"maze-{name}", maze_model, "maze", train, episodes, work)}, steps)
+                                 name: contender(f"maze-{name}", maze_model, "maze", train, episodes, work,
+                                                 algorithm=maze_algorithm)}, steps)
         maze_s[name], maze_s[f"today_beside_{name}"] = best[name], best["today"]
         maze_ratio[name] = best[name] / best["today"]
         trainers.update({k: v["trainer"] for k, v in maze_ready.items()})
@@ -327,7 +329,8 @@ def packing_and_precision(quick: bool, model_path: str, work: Path) -> dict:
         "bf16_vs_fp32_packed_skewed": round(1 / pair_ratio["packed_bf16"], 3),
         "checkpointing_vs_not_packed_skewed": round(1 / pair_ratio["packed_checkpointing"], 3),
         "maze": {"episodes": episodes, "segments": maze_ready["today"]["segments"], "step_s": _rounded(maze_s),
-                 "baseline": BASELINE, "trainers": trainers},
+                 "baseline": BASELINE, "trainers": trainers,
+                 "recipe": {"train": maze_train, "algorithm": maze_algorithm}},
         "maze_train_time_ratio": round(maze_ratio["padded"], 3),
         "maze_packed_vs_today": round(maze_ratio["packed"], 3),
         "logprob_memory": memory, "logprob_peak_memory_ratio": memory["ratio"],
