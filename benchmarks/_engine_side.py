@@ -31,7 +31,6 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_args(ap)
     ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--micro-batch-size", type=int, default=64)
     # Packed rows (train.tokens_per_micro_batch); by default padded micro-batches of --micro-batch-size.
     ap.add_argument("--tokens-per-micro-batch", type=int, default=None)
     ap.add_argument("--train-ranks", type=int, default=1)

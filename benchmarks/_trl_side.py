@@ -17,7 +17,9 @@ from benchmarks._turns import add_workload_args, report, wait_go  # noqa: E402
 def cpu_vllm_settings() -> None:
     """TRL's colocated mode builds `vllm.LLM` for a GPU (a memory fraction, compiled graphs). On the CPU vLLM
     needs a fixed KV cache size and eager mode (docs/design.md, "vLLM on the CPU"): the same settings the
-    engine runs with, added to TRL's call and nothing else changed."""
+    engine runs with, added to TRL's call and nothing else changed. TRL passes no dtype, so vLLM's "auto" runs
+    the float32 checkpoint in bfloat16 on the CPU: this side samples in bf16 (TRL's default), and trains in
+    float32."""
     import trl.generation.vllm_generation as gen
     import vllm
 
@@ -72,9 +74,15 @@ def main(argv: list[str] | None = None) -> None:
         rewards.extend(out)
         return out
 
+    batch = a.prompts * a.group_size
+    if batch % a.micro_batch_size:
+        ap.error(f"--micro-batch-size {a.micro_batch_size} must divide the batch of {batch} completions")
+    # One generation of the whole batch per optimizer step (TRL's steps_per_generation defaults to the
+    # accumulation steps), so no old-logprob pass, as on the engine's side.
     args = GRPOConfig(
-        output_dir=a.out, max_steps=a.steps, per_device_train_batch_size=a.prompts * a.group_size,
-        gradient_accumulation_steps=1, num_generations=a.group_size, max_completion_length=a.max_tokens,
+        output_dir=a.out, max_steps=a.steps, per_device_train_batch_size=a.micro_batch_size,
+        gradient_accumulation_steps=batch // a.micro_batch_size, num_generations=a.group_size,
+        max_completion_length=a.max_tokens,
         learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=1.0, beta=0.0, num_iterations=1, epsilon=0.2, epsilon_high=0.28, scale_rewards="group",
         loss_type="dapo", temperature=1.0, top_p=1.0, use_cpu=True, bf16=False, fp16=False, seed=0,

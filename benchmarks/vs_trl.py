@@ -4,7 +4,8 @@
 
 Both sides: the same tiny Qwen3 text model folder (grpo.tools.tiny_models), the same 8 prompts x G=8 of the
 single-turn digits task (benchmarks/_single_turn.py: one reply of up to 32 tokens, reward = share of
-digits), LoRA rank 16 / alpha 32 on the same projections, lr 1e-4, one AdamW update per batch, no KL,
+digits), LoRA rank 16 / alpha 32 on the same projections, lr 1e-4, one AdamW update per batch (one
+micro-batch of 64 completions), no KL,
 temperature 1, float32, gradient norm clipped at 1. This engine runs through grpo.Trainer.fit() (Ray, a
 vLLM rollout worker, one FSDP train rank, adapter publish and hot-load); TRL runs in its own venv
 (benchmarks/_trl_venv.py), generating with HF `generate` and, where it starts, its colocated vLLM mode.
@@ -28,7 +29,7 @@ from benchmarks._machine import ROOT, fresh_run_dir, write_result
 from benchmarks._turns import Contender
 
 SIDES = ("engine", "trl-hf", "trl-vllm")
-WORK = dict(prompts=8, group_size=8, max_tokens=32, lora_rank=16, lora_alpha=32.0, lr=1e-4)
+WORK = dict(prompts=8, group_size=8, max_tokens=32, lora_rank=16, lora_alpha=32.0, lr=1e-4, micro_batch_size=64)
 
 
 def side_argv(side: str, model: Path, work: Path, steps: int, trl_python: Path | None) -> list[str]:
