@@ -41,7 +41,8 @@ class Env(ABC):
 
     `blocking`: whether `step` and the tools wait on something outside this process (a sandbox, a simulator,
     the network). An env that only computes (False: the maze) has its steps run inline on the rollout
-    loop's thread, which costs less than handing a sub-millisecond call to a thread and waking the loop.
+    loop's thread (its reset still on a pool thread), which costs less than handing a sub-millisecond call to
+    a thread and waking the loop.
     """
 
     keep_images: bool = True

@@ -88,7 +88,7 @@ class MazeEnv(Env):
     always the sparse 1-on-success alone.
     """
 
-    blocking = False  # a step computes for a few tens of microseconds: a thread would cost more than it
+    blocking = False  # a step computes for tens of microseconds: a thread's hand-off would cost more than it does
 
     def __init__(
         self,
