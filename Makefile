@@ -43,7 +43,7 @@ doctor: install
 # Every benchmark in full mode, each writing its result (benchmarks/results/*.json) with the machine; then the
 # generated tables in the docs are rewritten from those files (a failed benchmark keeps its previous file, and make
 # fails at the end).
-BENCHMARKS := rollout_speed update adapter_sync scaling step env_latency dtype
+BENCHMARKS := rollout_speed update shared_prompt adapter_sync scaling step env_latency dtype
 bench: install
 	@failed=""; for b in $(BENCHMARKS); do \
 	  start=$$(date +%s); echo "== benchmarks.$$b (load $$(cut -d' ' -f1 /proc/loadavg))"; \

@@ -21,7 +21,8 @@ def run_config(a, checkpoint_every: int = 10 ** 6):
         model=a.model, output_dir=a.run_dir, steps=a.steps, tasks_per_step=a.prompts, seed=0,
         env={"name": "digits"}, lora={"rank": a.lora_rank, "alpha": a.lora_alpha},
         algorithm={"group_size": a.group_size},
-        train={"lr": a.lr, "micro_batch_size": a.micro_batch_size, "tokens_per_micro_batch": a.tokens_per_micro_batch},
+        train={"lr": a.lr, "micro_batch_size": a.micro_batch_size, "tokens_per_micro_batch": a.tokens_per_micro_batch,
+               "share_prompts": a.share_prompts},
         rollout={"temperature": 1.0, "max_tokens_per_turn": a.max_tokens}, engine={"max_model_len": 512},
         eval={"seeds": f"0-{a.prompts - 1}"}, checkpoint={"every": checkpoint_every},
         cluster={"train_ranks": a.train_ranks}, metrics={"tensorboard": False, "plots": False})
@@ -33,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--run-dir", required=True)
     # Packed rows (train.tokens_per_micro_batch); by default padded micro-batches of --micro-batch-size.
     ap.add_argument("--tokens-per-micro-batch", type=int, default=None)
+    # Each prompt's G completions run it once (train.share_prompts): TRL runs it G times, for the same gradient.
+    ap.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--train-ranks", type=int, default=1)
     return ap
 

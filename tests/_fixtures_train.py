@@ -24,14 +24,18 @@ def image(seed: int, size: int = 64) -> Image.Image:
     return img
 
 
+def chat_and_ordinary(processor) -> tuple[ChatFormat, list[int]]:
+    """The processor's chat format and its ordinary token ids (no special or vision token): random "samples"."""
+    chat = ChatFormat(processor)
+    special = set(chat.tok.all_special_ids) | chat.vision_ids
+    return chat, [i for i in range(len(chat.tok)) if i not in special]
+
+
 def trajectories(processor, count: int, seed: int = 0, turns: int = 2, images: bool = True) -> list[Trajectory]:
     """Multi-turn trajectories of random "sampled" tokens: one segment per episode, of varied lengths, an
     image per observation (or none), random sampler logprobs. Episode i % 3 == 2 has no image at all."""
-    chat = ChatFormat(processor)
-    tok = chat.tok
+    chat, ordinary = chat_and_ordinary(processor)
     rng = random.Random(seed)
-    special = set(tok.all_special_ids) | chat.vision_ids
-    ordinary = [i for i in range(len(tok)) if i not in special]
     out = []
     for e in range(count):
         with_images = images and e % 3 != 2

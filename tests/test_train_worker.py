@@ -231,6 +231,30 @@ def test_two_ranks_of_packed_rows_match_one_padded_process(ray_session, tiny_vl,
         assert m2[name] == pytest.approx(m1[name], rel=1e-5, abs=1e-7), name
 
 
+@pytest.mark.slow
+def test_two_ranks_sharing_prompts_match_one_padded_process(ray_session, tiny_text, tmp_path):
+    # Each micro-batch makes two forwards (prompts, then continuations) before its backward, on both ranks,
+    # a filler pass included: FSDP's collectives stay in step.
+    from test_shared_prompt import group_trajectories
+
+    model = apply_lora(forward.load_model(tiny_text), LoraConfig(rank=4, alpha=8))
+    randomize_adapter(model, seed=1, scale=0.1)
+    model.save_pretrained(tmp_path)
+    batch = group_trajectories(forward.load_processor(tiny_text), tasks=3, group=3, seed=7)
+    adv = advantages(len(batch), seed=7)
+    group = TrainGroup(tiny_text, 2, algorithm=ALGO, train=comparable(2, share_prompts=True),
+                       adapter_path=str(tmp_path))
+    try:
+        m2, a2 = group.train_step(batch, adv), group.gather_adapter()
+    finally:
+        group.shutdown()
+    single = TrainWorker(tiny_text, algorithm=ALGO, train=comparable(9), adapter_path=str(tmp_path))
+    m1 = single.train_step(batch, adv)
+    assert max_abs_diff(a2, single.gather_adapter()) <= 1e-5
+    for name in ("loss", "grad_norm", "kl", "sampler_abs_diff", "generated_tokens", "sequences"):
+        assert m2[name] == pytest.approx(m1[name], rel=1e-5, abs=1e-7), name
+
+
 @pytest.fixture(scope="module")
 def two_ranks(ray_session, tiny_vl, start_adapter, tmp_path_factory):
     """Three steps on 2 FSDP ranks with a checkpoint after the second, one process beside the first step,

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from grpo.algo.config import check_choice, check_number, require
+from grpo.algo.config import check_bool, check_choice, check_number, require
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,10 @@ class TrainConfig:
     # Packed rows instead: sequences side by side, no padding, up to this many tokens a forward/backward
     # (a longer sequence gets a row of its own); null: padded micro-batches of micro_batch_size sequences.
     tokens_per_micro_batch: Optional[int] = None
+    # The sequences of a padded micro-batch that begin with the same prompt (a GRPO group's) run it once,
+    # and each its own continuation against the prompt's cached keys and values: the same logprobs and
+    # gradient for fewer tokens. Text models with a plain key-value cache (grpo.learner.shared_prompt).
+    share_prompts: bool = False
     # The base model's weights in training: "auto" takes the rollout engine's (engine.dtype), so the trainer
     # scores in the precision vLLM samples in. The LoRA weights and the optimizer state stay float32.
     dtype: str = "auto"
@@ -59,6 +63,13 @@ class TrainConfig:
                      hint="e.g. 8192, or null for padded micro-batches of micro_batch_size sequences")
         check_choice(self, "dtype", ("auto", "float32", "bfloat16"))
         require(self, "activation_checkpointing", isinstance(self.activation_checkpointing, bool), "true or false")
+        check_bool(self, "share_prompts")
+        require(self, "share_prompts", not (self.share_prompts and self.tokens_per_micro_batch is not None),
+                f"false with train.tokens_per_micro_batch={self.tokens_per_micro_batch}: shared prompts run in "
+                "padded micro-batches; set train.tokens_per_micro_batch: null, or train.share_prompts: false")
+        require(self, "share_prompts", not (self.share_prompts and self.activation_checkpointing),
+                "false with train.activation_checkpointing: the recomputed layers keep no key-value cache for "
+                "the continuations to attend to; turn one of them off")
         check_number(self, "seed", integer=True, ge=0)
 
     def check_length(self, owner, name: str) -> None:

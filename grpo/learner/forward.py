@@ -98,6 +98,8 @@ class Batch:
     # Packed rows (grpo.learner.packing): each sequence's position ids, and True where a sequence begins.
     position_ids: torch.Tensor | None = None
     seq_starts: torch.Tensor | None = None
+    # Padded rows whose equal prompts run once (train.share_prompts, grpo.learner.shared_prompt).
+    share_prompts: bool = False
 
     def model_kwargs(self) -> dict:
         if self.position_ids is None:
@@ -154,11 +156,18 @@ def token_logprobs(model, batch: Batch, mask: torch.Tensor | None = None, temper
         want = want & ~batch.seq_starts[:, 1:]
     head_owner = unwrapped(model)
     head = head_owner.get_output_embeddings()
-    scorer = _MaskedLogprobs(head, want, batch.input_ids[:, 1:][want], batch.banned_ids, temperature,
-                             chunk_tokens, _softcap(head_owner))
+
+    def scorer_for(want, targets, first=None):
+        return _MaskedLogprobs(head, want, targets, batch.banned_ids, temperature, chunk_tokens,
+                               _softcap(head_owner), first)
+
+    if batch.share_prompts:
+        from grpo.learner import shared_prompt
+
+        return shared_prompt.token_logprobs(model, head_owner, batch, want, scorer_for)
     # The scorer stands in for the output projection inside the model's own forward, so that FSDP has the
     # projection's weights gathered when it runs, as for the projection itself.
-    head_owner.set_output_embeddings(scorer)
+    head_owner.set_output_embeddings(scorer_for(want, batch.input_ids[:, 1:][want]))
     try:
         with _no_softcap(head_owner):
             lp = model(**batch.model_kwargs(), use_cache=False).logits
@@ -173,15 +182,18 @@ def token_logprobs(model, batch: Batch, mask: torch.Tensor | None = None, temper
 class _MaskedLogprobs(torch.nn.Module):
     """The output projection and log-softmax of the masked positions, chunk by chunk; returns their logprobs."""
 
-    def __init__(self, head, want, targets, banned, temperature, chunk_tokens, softcap):
+    def __init__(self, head, want, targets, banned, temperature, chunk_tokens, softcap, first=None):
         super().__init__()
         self.head = head
         self.want, self.targets, self.banned = want, targets, list(banned)
         self.temperature, self.chunk, self.softcap = temperature, chunk_tokens, softcap
+        self.first = first  # [B, hidden]: the hidden state before each row's first token (a shared prompt's last)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         from torch.utils.checkpoint import checkpoint
 
+        if self.first is not None:
+            hidden = torch.cat([self.first[:, None].to(hidden.dtype), hidden], 1)
         picked = hidden[:, :-1][self.want]
         parts = []
         for s in range(0, picked.shape[0], self.chunk):

@@ -23,7 +23,7 @@ import torch
 
 from grpo.algo.config import AlgorithmConfig, check_number
 from grpo.algo.loss import LossOutput, loss_normalizer, merge_metrics, policy_loss
-from grpo.learner import checkpoint, dist, forward, packing
+from grpo.learner import checkpoint, dist, forward, packing, shared_prompt
 from grpo.learner.config import TrainConfig
 from grpo.learner.lora import LoraConfig, adapter_config, adapter_tensors, apply_lora
 from grpo.learner.plan import Plan, micro_batches, shard, split, token_rows
@@ -113,6 +113,8 @@ class TrainWorker:
         self.model.to(self.device)
         if self.train.tokens_per_micro_batch is not None:
             packing.prepare(self.model)
+        if self.train.share_prompts:
+            shared_prompt.prepare(self.model)
         if self.train.activation_checkpointing:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.processor = forward.load_processor(model_path)
@@ -267,7 +269,7 @@ class TrainWorker:
             batch, input_ids=move(batch.input_ids), attention_mask=move(batch.attention_mask),
             per_token=[move(t) for t in batch.per_token], pixel_values=move(batch.pixel_values),
             image_grid_thw=move(batch.image_grid_thw), position_ids=move(batch.position_ids),
-            seq_starts=move(batch.seq_starts))
+            seq_starts=move(batch.seq_starts), share_prompts=self.train.share_prompts)
 
     def _spans(self, batch: forward.Batch, indices: list[int], expanded: dict):
         """(item, row, start, length) of each sequence of a micro-batch, padded or packed."""
@@ -363,8 +365,7 @@ class TrainWorker:
         return outputs, ran_tokens
 
     def _require_finite(self, loss: float, grad_norm: float) -> None:
-        """Refuse an update whose loss or gradient norm is NaN or infinite before the optimizer applies it:
-        the adapter would turn NaN and every later version with it."""
+        """Refuse an update whose loss or gradient norm is not finite: the adapter would turn NaN, each later too."""
         if math.isfinite(loss) and math.isfinite(grad_norm):
             return
         self.optimizer.zero_grad(set_to_none=True)
@@ -413,8 +414,7 @@ class TrainWorker:
         return {k: v.contiguous() for k, v in get_peft_model_state_dict(self.model, state_dict=full).items()}
 
     def publish(self, store_root: str) -> int:
-        """Gather the adapter and publish it as the store's next version (rank 0 writes); collective.
-        Returns the version on every rank."""
+        """Gather the adapter, publish it as the store's next version (rank 0 writes); collective. Returns it."""
         from sync import AdapterStore
 
         tensors = self.gather_adapter()
