@@ -12,7 +12,7 @@ from test_logprobs import lora_model, value_and_grads
 
 from envs.base import Observation
 from grpo.algo.config import ConfigError
-from grpo.learner import forward, shared_prompt
+from grpo.learner import forward, plan, shared_prompt
 from grpo.learner.config import TrainConfig
 from grpo.learner.worker import TrainWorker
 from rollout.trajectory import Segment, Trajectory
@@ -83,7 +83,7 @@ def test_the_trainer_with_shared_prompts_makes_the_same_update(tiny_text):
     after = {}
     for share in (False, True):
         # lr = adam_eps = 1: the first Adam update is about the gradient itself (test_train_worker.comparable).
-        worker = TrainWorker(tiny_text, train=TrainConfig(lr=1.0, adam_eps=1.0, micro_batch_size=8,
+        worker = TrainWorker(tiny_text, train=TrainConfig(lr=1.0, adam_eps=1.0, micro_batch_size=3,
                                                           share_prompts=share))
         metrics = worker.train_step(trajs, adv)
         after[share] = (metrics, worker.gather_adapter())
@@ -102,3 +102,13 @@ def test_models_and_settings_it_cannot_serve_are_refused(tiny_vl):
         TrainConfig(share_prompts=True, activation_checkpointing=True)
     with pytest.raises(ConfigError, match=r"TrainConfig.share_prompts='yes'"):
         TrainConfig(share_prompts="yes")
+
+
+def test_micro_batches_keep_the_sequences_of_a_prompt_together():
+    lengths = {0: 50, 1: 40, 2: 20, 3: 10, 4: 45}
+    prompts = {0: (7,), 1: (8,), 2: (8,), 3: (7,), 4: (8,)}
+    assert plan.micro_batches(list(lengths), lengths, 2) == [[0, 4], [1, 2], [3]]
+    # Prompt (7,) holds the longest sequence: its group first; within a group, longest first.
+    assert plan.micro_batches(list(lengths), lengths, 2, prompts) == [[0, 3], [4, 1], [2]]
+    seg = Segment([5, 6, 7, 8, 9], [0, 0, 1, 0, 1], [0.0] * 5, [])
+    assert shared_prompt.prompt_of(seg) == (5, 6)

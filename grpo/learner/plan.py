@@ -43,9 +43,20 @@ def shard(indices: list[int], lengths: dict[int, int], world_size: int) -> list[
     return shares
 
 
-def micro_batches(indices: list[int], lengths: dict[int, int], size: int) -> list[list[int]]:
-    """Neighbours in length share a micro-batch, which keeps right-padding small."""
-    ordered = sorted(indices, key=lambda i: (-lengths[i], i))
+def micro_batches(indices: list[int], lengths: dict[int, int], size: int,
+                  prompts: dict[int, tuple] | None = None) -> list[list[int]]:
+    """Neighbours in length share a micro-batch, which keeps right-padding small. With `prompts` (each item's
+    prompt, train.share_prompts) the items of one prompt are neighbours first, longest prompt group first, so
+    that they share a micro-batch, and its prompt pass, as far as `size` allows."""
+    if prompts is None:
+        ordered = sorted(indices, key=lambda i: (-lengths[i], i))
+    else:
+        longest: dict[tuple, int] = {}
+        first: dict[tuple, int] = {}
+        for i in sorted(indices):
+            longest[prompts[i]] = max(longest.get(prompts[i], 0), lengths[i])
+            first.setdefault(prompts[i], i)
+        ordered = sorted(indices, key=lambda i: (-longest[prompts[i]], first[prompts[i]], -lengths[i], i))
     return [ordered[k:k + size] for k in range(0, len(ordered), size)]
 
 

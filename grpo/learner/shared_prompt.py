@@ -35,6 +35,11 @@ def prepare(model) -> None:
                          "train.share_prompts: false")
 
 
+def prompt_of(segment) -> tuple:
+    """A segment's prompt: its tokens before the first scored one (grpo.learner.plan.micro_batches groups by it)."""
+    return tuple(segment.token_ids[:list(segment.loss_mask).index(1)])
+
+
 def token_logprobs(model, head_owner, batch, want: torch.Tensor, scorer_for) -> torch.Tensor:
     """forward.token_logprobs's [B, T] result through the two passes. `head_owner`: the model under peft's
     wrapper, which holds the output projection; `want` [B, T-1]: token t+1 is scored from the hidden state

@@ -229,9 +229,9 @@ class TrainWorker:
 
     def _plan(self, items: list[_Item], chunk: list[int]) -> Plan:
         lengths = {i: self._length(items[i].segment) for i in chunk}
-        shares = shard(chunk, lengths, self.world_size)
-        budget = self.train.tokens_per_micro_batch
-        micro = [micro_batches(s, lengths, self.train.micro_batch_size) if budget is None else
+        shares, budget = shard(chunk, lengths, self.world_size), self.train.tokens_per_micro_batch
+        prompts = {i: shared_prompt.prompt_of(items[i].segment) for i in chunk} if self.train.share_prompts else None
+        micro = [micro_batches(s, lengths, self.train.micro_batch_size, prompts) if budget is None else
                  token_rows({i: lengths[i] for i in s}, budget) for s in shares]
         masks = [torch.as_tensor(items[i].segment.loss_mask)[None] for i in chunk]
         episodes = len({items[i].episode for i in chunk})
