@@ -38,7 +38,10 @@ gap on the sampled tokens (train.sampler_abs_diff_max) over the k=0 steps of eve
 logprob_gap_max_async: over the k=1 steps, where it includes one update's change of the policy (staleness).
 
 The last line printed is one JSON object, also written to benchmarks/results/pipeline.json (pipeline-quick.json
-with --quick). Run folders go under runs/bench-pipeline/.
+with --quick): the ratios at its top level (continuous_vs_lockstep, async_vs_sync_tool_env,
+async_vs_sync_disaggregated: the maze's, async_vs_sync_disaggregated_tool_env, colocated_maze; steps/s, k=1
+over k=0, or episodes/s, continuous over lockstep), each part's details under "parts". Run folders go under
+runs/bench-pipeline/.
 """
 from __future__ import annotations
 
@@ -341,6 +344,13 @@ def main(argv: list[str] | None = None) -> dict:
             for r in (c.get("k0"), c.get("k1")) if r]
     result["logprob_gap_max"] = max((r["logprob_gap_max"] for r in runs if r["k"] == 0), default=None)
     result["logprob_gap_max_async"] = max((r["logprob_gap_max"] for r in runs if r["k"] > 0), default=None)
+    # The ratios at the top level (None for a part not run). The disaggregated one is the maze's, whose update
+    # outweighs its rollout and caps what overlap can give; the tool env's stands beside it.
+    parts, split = result["parts"], result["parts"].get("async_vs_sync_disaggregated", {})
+    result.update({name: parts.get(name, {}).get("ratio") for name in ("continuous_vs_lockstep",
+                                                                      "async_vs_sync_tool_env", "colocated_maze")})
+    result["async_vs_sync_disaggregated"] = split.get("maze", {}).get("ratio")
+    result["async_vs_sync_disaggregated_tool_env"] = split.get("tool", {}).get("ratio")
     result["headline"] = headline(result["parts"])
     result["load_average_during"] = loads
     result["wall_s"] = round(time.perf_counter() - T0, 1)
