@@ -15,7 +15,11 @@ from grpo.algo.config import ConfigError
 from grpo.learner import forward, plan, shared_prompt
 from grpo.learner.config import TrainConfig
 from grpo.learner.worker import TrainWorker
+from grpo.tools import families
 from rollout.trajectory import Segment, Trajectory
+
+# Families whose text model shared prompts refuse, and why.
+REFUSED = {"gemma3": "sliding-window layers"}
 
 
 def group_trajectories(processor, tasks: int, group: int, seed: int = 0) -> list[Trajectory]:
@@ -112,3 +116,26 @@ def test_micro_batches_keep_the_sequences_of_a_prompt_together():
     assert plan.micro_batches(list(lengths), lengths, 2, prompts) == [[0, 3], [4, 1], [2]]
     seg = Segment([5, 6, 7, 8, 9], [0, 0, 1, 0, 1], [0.0] * 5, [])
     assert shared_prompt.prompt_of(seg) == (5, 6)
+
+
+@pytest.mark.parametrize("name", [n for n, f in families.FAMILIES.items() if f.kind == "text"])
+def test_every_text_family_shares_prompts_exactly_or_is_refused(name, session_dir):
+    # A real chat template's prompts (grpo.tools.families), built in bf16 as real checkpoints ship and trained
+    # in float32 as the trainer loads them on the CPU.
+    path = families.build(name, session_dir / "models" / f"family-{name}-bf16", dtype="bfloat16")
+    processor = forward.load_processor(path)
+    model = lora_model(forward.load_model(path))
+    try:
+        shared_prompt.prepare(model)
+    except ValueError as e:
+        assert name in REFUSED and REFUSED[name] in str(e)
+        return
+    assert name not in REFUSED
+    padded = padded_batch(processor, group_trajectories(processor, tasks=2, group=3, seed=1))
+    mask = padded.per_token[0]
+    ref, ref_g = value_and_grads(model, lambda: forward.token_logprobs(model, padded, mask))
+    got, got_g = value_and_grads(model, lambda: forward.token_logprobs(
+        model, dataclasses.replace(padded, share_prompts=True), mask))
+    assert ref.abs().max() > 0.1 and (got - ref).abs().max() <= 1e-5
+    scale = max(float(g.abs().max()) for g in ref_g.values())
+    assert max(float((got_g[k] - ref_g[k]).abs().max()) for k in ref_g) <= 1e-5 * max(1.0, scale)
