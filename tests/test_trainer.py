@@ -87,6 +87,13 @@ def test_fit_writes_everything_and_resumes(tmp_path, tiny_vl):
     assert lines[-1]["rollout_adapter_version"] == 4 and lines[-1]["adapter_version"] == 5
     assert resumed["steps"] == 3 and resumed["eval_before"] == summary["eval_before"]
 
+    # A run that stopped at its target is done: run again (a target step 3's eval met), it trains no more.
+    again = _config(tiny_vl, out, steps=5)
+    again = grpo.RunConfig.from_dict({**again.to_dict(), "eval": {**again.to_dict()["eval"], "target_success": 0.0}})
+    done = grpo.Trainer(again).fit()
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert done["steps"] == 3
+
 
 def test_bad_config_fails_before_ray_starts(tmp_path, tiny_vl):
     import ray

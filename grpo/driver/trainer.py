@@ -108,8 +108,15 @@ class Trainer:
         cfg, state = self.config, self._resume_or_begin()
         sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state.cursor)
         bar = progress(state.step, cfg.steps, cfg.group_size, cfg.engine.max_model_len)
+        first = state.step + 1
+        if _reached({"eval": state.evals[str(state.step)]} if str(state.step) in state.evals else {},
+                    cfg.eval.target_success):
+            # A run that stopped at its target is done: run again, it reports, it does not train on.
+            print(f"[grpo] this run reached eval.target_success={cfg.eval.target_success:g} at step {state.step}: "
+                  "nothing left to train (a higher target trains on; a new output_dir starts over)", file=sys.stderr)
+            first = cfg.steps + 1
         try:
-            for step in range(state.step + 1, cfg.steps + 1):
+            for step in range(first, cfg.steps + 1):
                 self._step = step
                 record, batch = self._train_step(step, sampler, plan)
                 if cfg.eval.every and step % cfg.eval.every == 0:
