@@ -107,7 +107,6 @@ class Trainer:
         """Start the actors, restore the last checkpoint and train to the end; an ActorFault ends an attempt."""
         cfg, state = self.config, self._resume_or_begin()
         sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state.cursor)
-        bar = progress(state.step, cfg.steps, cfg.group_size, cfg.engine.max_model_len)
         first = state.step + 1
         if _reached({"eval": state.evals[str(state.step)]} if str(state.step) in state.evals else {},
                     cfg.eval.target_success):
@@ -115,6 +114,7 @@ class Trainer:
             print(f"[grpo] this run reached eval.target_success={cfg.eval.target_success:g} at step {state.step}: "
                   "nothing left to train (a higher target trains on; a new output_dir starts over)", file=sys.stderr)
             first = cfg.steps + 1
+        bar = progress(state.step, cfg.steps, cfg.group_size, cfg.engine.max_model_len)
         try:
             for step in range(first, cfg.steps + 1):
                 self._step = step
