@@ -7,7 +7,8 @@ single-turn digits task (benchmarks/_single_turn.py: one reply of up to 32 token
 digits), LoRA rank 16 / alpha 32 on the same projections, lr 1e-4, one AdamW update per batch (one
 micro-batch of 64 completions), no KL,
 temperature 1, float32, gradient norm clipped at 1. This engine runs through grpo.Trainer.fit() (Ray, a
-vLLM rollout worker, one FSDP train rank, adapter publish and hot-load); TRL runs in its own venv
+vLLM rollout worker, one FSDP train rank that runs each prompt once for its 8 completions with
+train.share_prompts, adapter publish and hot-load); TRL runs in its own venv
 (benchmarks/_trl_venv.py), generating with HF `generate` and, where it starts, its colocated vLLM mode.
 Each side is a child process paused between steps: A, B, C, A, B, C, ... so the machine's load falls
 on all alike. Seconds a step are medians over steps 3..N; `ratio_vs_trl` = engine / TRL's faster side.
