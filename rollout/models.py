@@ -113,6 +113,13 @@ def vision_token_ids(processor) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def has_sliding_window(text_config) -> bool:
+    """Whether some layer of a text model attends over a window only (Gemma 2 and 3; Mistral and Qwen2 when their
+    config sets one): its mask is more than causal, and its key-value cache keeps only the window."""
+    return "sliding_attention" in (getattr(text_config, "layer_types", None) or ()) or bool(
+        getattr(text_config, "sliding_window", None) and getattr(text_config, "use_sliding_window", True))
+
+
 # Architectures whose served logprobs the trainer does not reproduce on a device, and why (docs/models.md).
 NOT_EXACT = {
     ("Gemma3ForConditionalGeneration", "cuda"): "vLLM's GPU attention attends Gemma 3's image tokens "

@@ -14,6 +14,7 @@ import torch
 
 from rollout.models import (  # noqa: F401  (re-exported: the trainer side reads models through here)
     check_model_dir,
+    has_sliding_window,
     image_inputs,
     image_length,
     image_sequences,

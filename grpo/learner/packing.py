@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.learner.forward import Batch, Expanded, image_token_id, unwrapped, vision_token_ids
+from grpo.learner.forward import Batch, Expanded, has_sliding_window, image_token_id, unwrapped, vision_token_ids
 
 # Image-text families whose masks transformers builds from more than the position ids (Gemma 3 attends both
 # ways inside an image) or whose packing is not tested here.
@@ -35,9 +35,7 @@ def prepare(model) -> None:
                          "null (padded micro-batches of train.micro_batch_size sequences)")
     text = getattr(config, "text_config", None) or config
     # With sliding-window layers the mask is more than causal-per-sequence: SDPA's dense mask stays exact.
-    sliding = "sliding_attention" in (getattr(text, "layer_types", None) or ()) or bool(
-        getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True))
-    if text._attn_implementation == "sdpa" and not sliding:
+    if text._attn_implementation == "sdpa" and not has_sliding_window(text):
         _register()
         text._attn_implementation = PACKED_SDPA
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from rollout.models import has_sliding_window
+
 
 def prepare(model) -> None:
     """Refuse a model whose shared-prompt forward is not known to equal its unshared one."""
@@ -25,8 +27,7 @@ def prepare(model) -> None:
     why = None
     if hasattr(config, "vision_config"):
         why = f"{config.model_type} is an image-text model"
-    elif getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) or (
-            "sliding_attention" in (getattr(config, "layer_types", None) or ())):
+    elif has_sliding_window(config):
         why = f"{config.model_type} has sliding-window layers, whose cache keeps only the last tokens"
     elif getattr(config, "final_logit_softcapping", None) is not None:
         why = f"{config.model_type} caps its logits"
