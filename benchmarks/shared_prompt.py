@@ -55,7 +55,7 @@ def group_batch(vocab: int, prompt: tuple[int, int], completion: int, seed: int 
 
 
 def run_case(model: str, case: dict, steps: int) -> dict:
-    from grpo.learner import forward
+    from grpo.learner import forward, shared_prompt
     from grpo.learner.config import TrainConfig
     from grpo.learner.lora import LoraConfig
     from grpo.learner.worker import TrainWorker
@@ -78,7 +78,7 @@ def run_case(model: str, case: dict, steps: int) -> dict:
             w.train_step(trajs, adv)
             if k:
                 best[share] = min(best[share], time.perf_counter() - t)
-    prompts = {tuple(t.segments[0].token_ids[:t.segments[0].loss_mask.index(1)]) for t in trajs}
+    prompts = {shared_prompt.prompt_of(t.segments[0]) for t in trajs}
     tokens = sum(len(t.segments[0].token_ids) for t in trajs)
     return {"sequences": len(trajs), "micro_batch_size": case["micro_batch"], "tokens": tokens,
             "tokens_run_shared": tokens - sum(len(p) for p in prompts) * (GROUP - 1),
