@@ -108,8 +108,7 @@ class Trainer:
         cfg, state = self.config, self._resume_or_begin()
         sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state.cursor)
         first = state.step + 1
-        if _reached({"eval": state.evals[str(state.step)]} if str(state.step) in state.evals else {},
-                    cfg.eval.target_success):
+        if _met(state.evals.get(str(state.step)), cfg.eval.target_success):
             # A run that stopped at its target is done: run again, it reports, it does not train on.
             print(f"[grpo] this run reached eval.target_success={cfg.eval.target_success:g} at step {state.step}: "
                   "nothing left to train (a higher target trains on; a new output_dir starts over)", file=sys.stderr)
@@ -129,7 +128,7 @@ class Trainer:
                 if self._recovery is not None:
                     self._log_restart()
                 bar(record)
-                reached = _reached(record, cfg.eval.target_success)
+                reached = _met(record.get("eval"), cfg.eval.target_success)
                 if checkpoint.should_save(step, cfg.checkpoint.every, cfg.steps) or reached:
                     with self.callbacks.phase(self, "checkpoint"):
                         self._save()
@@ -439,5 +438,6 @@ def rstats_version(trajs) -> int:
     return trajs[0].adapter_version if trajs else -1
 
 
-def _reached(record: dict, target) -> bool:
-    return target is not None and "eval" in record and record["eval"]["success_rate"] >= target
+def _met(evaluation: dict | None, target) -> bool:
+    """Whether an eval's success reached the run's target (none set: never)."""
+    return target is not None and evaluation is not None and evaluation["success_rate"] >= target
