@@ -37,15 +37,21 @@ def value_and_grads(model, fn):
     return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def assert_equal_passes(ref, ref_g, got, got_g) -> None:
+    """Two computations of the same logprobs (`value_and_grads` of each) agree: the values within 1e-5, the
+    gradients within 1e-5 of the largest entry (their sums run in another order), on values and gradients
+    large enough for the comparison to mean something."""
+    assert ref.abs().max() > 0.1 and (got - ref).abs().max() <= 1e-5
+    scale = max(float(g.abs().max()) for g in ref_g.values())
+    assert got_g.keys() == ref_g.keys() and scale > 1e-4
+    assert max(float((got_g[k] - ref_g[k]).abs().max()) for k in ref_g) <= 1e-5 * max(1.0, scale)
+
+
 def assert_same(model, batch, mask, temperature):
     ref, ref_g = value_and_grads(model, lambda: full_logits_logprobs(model, batch, mask, temperature))
     got, got_g = value_and_grads(model, lambda: forward.token_logprobs(model, batch, mask, temperature, chunk_tokens=5))
     assert int(mask[:, 1:].sum()) > 10  # more than two chunks
-    assert (got - ref).abs().max() <= 1e-5 and ref.abs().max() > 0.1
-    scale = max(float(g.abs().max()) for g in ref_g.values())
-    assert got_g.keys() == ref_g.keys() and scale > 1e-4
-    # Within 1e-5 of the largest gradient entry: the projection runs on fewer rows, in another order.
-    assert max(float((got_g[k] - ref_g[k]).abs().max()) for k in ref_g) <= 1e-5 * max(1.0, scale)
+    assert_equal_passes(ref, ref_g, got, got_g)  # the projection runs on fewer rows, in another order
     assert type(model.get_base_model().get_output_embeddings()).__name__ == "Linear"  # put back
 
 
