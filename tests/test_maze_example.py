@@ -1,5 +1,6 @@
 """The maze example's configs: the warm start reads its options from the CPU run, the GPU recipe validates
 without a GPU, and every evaluation maze is solvable within each turn limit."""
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -114,14 +115,17 @@ def test_seed_table_gives_each_seed_and_the_spread_over_seeds():
     from examples.maze import seeds
 
     runs = {0: _seed_run(4), 1: _seed_run(None)}
-    assert seeds.reached(runs[0][1], 0.95) == {"step": 4, "wall_s": 400.0, "groups_drawn": 24 + 32 + 40 + 48}
-    assert seeds.reached(runs[1][1], 0.95) == {"step": None, "wall_s": None, "groups_drawn": None}
-    rows = [seeds.row(s, summary, metrics, 0.95) for s, (summary, metrics) in runs.items()]
+    assert seeds.reached(runs[0][1], 0.95) == {"step": 4, "wall_s": 400.0, "groups_drawn": 24 + 32 + 40 + 48,
+                                               "groups_trained": 15 + 14 + 13 + 12}
+    assert seeds.reached(runs[1][1], 0.95) == {"step": None, "wall_s": None, "groups_drawn": None,
+                                               "groups_trained": None}
+    rows = [seeds.row(s, summary, metrics, 0.95, group_size=8) for s, (summary, metrics) in runs.items()]
     assert (rows[0]["groups_drawn"], rows[0]["groups_trained"], rows[0]["draws_per_kept_group"]) == (144, 54, 2.67)
     lines = seeds.table(rows, 16).splitlines()
-    assert lines[2] == ("| 0 | 0: 40.6%, 2: 90.0%, 4: 96.9% | 4 | 400 s | 96.9% | 93.8% | 144 / 54 (2.67) |")
-    assert lines[3].startswith("| 1 | 0: 40.6%, 2: 90.0%, 4: 92.2% | not reached | - | 92.2% |")
-    assert lines[4].startswith("| 1 of 2 reached 95% | | median 4.0, mean 4.0, 4.0-4.0 | median 400.0 s")
+    assert lines[2] == ("| 0 | 0: 40.6%, 2: 90.0%, 4: 96.9% | 4 | 432 | 400 s | 96.9% | 93.8% | 144 / 54 (2.67) |")
+    assert lines[3].startswith("| 1 | 0: 40.6%, 2: 90.0%, 4: 92.2% | not reached | - | - | 92.2% |")
+    assert lines[4].startswith("| 1 of 2 reached 95% | | median 4.0, mean 4.0, 4.0-4.0 | median 432.0, mean 432.0, "
+                               "432.0-432.0 | median 400.0 s")
     assert "median 94.5%, mean 94.5%, 92.2-96.9%" in lines[4]
 
 
@@ -135,3 +139,20 @@ def test_seed_table_goes_between_the_readme_markers(tmp_path):
     readme.write_text("# no markers\n")
     with pytest.raises(ValueError, match="maze-seeds"):
         seeds.write_docs("| new |", readme)
+
+
+def test_the_pipelined_recipe_keeps_cpu_yamls_updates_and_evals_per_episode():
+    from examples.maze import run
+
+    base = RunConfig.from_yaml(HERE / "cpu.yaml")
+    piped = RunConfig.from_yaml(HERE / "cpu.yaml", run.overrides_of(["--pipelined", "--steps", "40"]))
+    assert (piped.pipeline.max_staleness, piped.cluster.colocate) == (1, False)
+    assert (piped.output_dir, piped.steps) == ("runs/maze_pipelined", 40)  # not make maze's folder; flags win
+    piped = dataclasses.replace(piped, steps=32)
+
+    def per_episode(c):
+        return (c.train.updates_per_batch / c.tasks_per_step, c.tasks_per_step * c.eval.every,
+                c.tasks_per_step * c.train.warmup_steps, c.tasks_per_step * c.steps,
+                c.tasks_per_step * c.checkpoint.every)
+    assert per_episode(piped) == per_episode(base)
+    assert piped.tasks_per_step < base.tasks_per_step

@@ -3,6 +3,8 @@
 Warm start (examples/maze/warmstart, made by sft.py if missing) -> greedy eval on the 64 fixed mazes ->
 GRPO until 95% or the step budget -> eval on the 64 fixed and 64 unseen mazes -> a table, and
 runs/maze/summary.json. Extra arguments override the config: `python -m examples.maze.run --steps 10`.
+`--pipelined` runs the recipe with rollouts one step ahead of the trainer (maze_config.PIPELINED) in
+runs/maze_pipelined.
 """
 from __future__ import annotations
 
@@ -18,10 +20,21 @@ SHOWN = ("eval_before", "eval_after", "unseen_after", "steps", "grpo_wall_s", "f
          "last_step_rollout_success", "zero_signal_share_first_step", "zero_signal_share_last_step")
 
 
+def overrides_of(argv: list[str]) -> list[str]:
+    """The command line's overrides of cpu.yaml, `--pipelined` spelled out."""
+    from examples.maze import maze_config as mc
+
+    argv = list(argv)
+    if "--pipelined" not in argv:
+        return argv
+    argv.remove("--pipelined")
+    return mc.PIPELINED + ["--output_dir", "runs/maze_pipelined"] + argv
+
+
 def main(argv: list[str] | None = None) -> dict:
     import grpo
 
-    overrides = list(sys.argv[1:] if argv is None else argv)
+    overrides = overrides_of(sys.argv[1:] if argv is None else argv)
     t0 = time.time()
     from examples.maze.sft import ensure_warmstart
 

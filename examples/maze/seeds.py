@@ -3,6 +3,7 @@
     python -m examples.maze.seeds                  # seeds 0-4: runs/maze_seeds/seed{0..4}/, seeds.png, seeds.md
     python -m examples.maze.seeds --seeds 1,2      # some; extra `--section.field VALUE` go to every run
     python -m examples.maze.seeds --docs           # also writes the table and the PNG into the maze docs
+    python -m examples.maze.seeds --pipelined      # the recipe with rollouts a step ahead (maze_config.PIPELINED)
 
 Seed S changes all three sources of chance: the engine's sampling (`--seed S`), the training mazes
 (`--train_seed_offset (S + 1) x 1e6`, seed 0 draws what `make maze` draws) and the adapter's initialisation
@@ -32,13 +33,15 @@ def seed_flags(seed: int) -> list[str]:
 
 
 def reached(metrics: list[dict], target: float) -> dict:
-    """The first periodic eval at or above `target`: its step, the run's wall time then and the groups drawn
-    up to then (None when no eval reached it)."""
+    """The first periodic eval at or above `target`: its step, the run's wall time then, and the groups drawn
+    and trained up to then (None when no eval reached it)."""
     for record in metrics:
         if record.get("eval", {}).get("success_rate", 0) >= target:
-            drawn = sum(r["rollout"].get("groups_drawn", 0) for r in metrics if r["step"] <= record["step"])
-            return {"step": record["step"], "wall_s": record.get("wall_s"), "groups_drawn": drawn}
-    return {"step": None, "wall_s": None, "groups_drawn": None}
+            upto = [r["rollout"] for r in metrics if r["step"] <= record["step"]]
+            return {"step": record["step"], "wall_s": record.get("wall_s"),
+                    "groups_drawn": sum(r.get("groups_drawn", 0) for r in upto),
+                    "groups_trained": sum(r.get("groups_trained", 0) for r in upto)}
+    return {"step": None, "wall_s": None, "groups_drawn": None, "groups_trained": None}
 
 
 def step_lines(run_dir: Path) -> list[dict]:
@@ -48,28 +51,33 @@ def step_lines(run_dir: Path) -> list[dict]:
     return [r for _, r in sorted(step_records(run_dir / "metrics.jsonl").items())]
 
 
-def row(seed: int, summary: dict, metrics: list[dict], target: float) -> dict:
+def row(seed: int, summary: dict, metrics: list[dict], target: float, group_size: int) -> dict:
     hit = reached(metrics, target)
     drawn = sum(r["rollout"].get("groups_drawn", 0) for r in metrics)
     trained = sum(r["rollout"].get("groups_trained", 0) for r in metrics)
     return {"seed": seed, "curve": eval_curve(summary), "eval_after": summary["eval_after"],
             "unseen_after": summary.get("unseen_after"), "steps": summary["steps"],
             "grpo_wall_s": summary["grpo_wall_s"], "reached_step": hit["step"], "reached_wall_s": hit["wall_s"],
+            # The sample cost of the target: the episodes of the groups trained on up to that eval.
+            "reached_episodes_trained": None if hit["step"] is None else hit["groups_trained"] * group_size,
             "groups_drawn": drawn, "groups_trained": trained,
             "draws_per_kept_group": round(drawn / trained, 2) if trained else None}
 
 
 def table(rows: list[dict], tasks_per_step: int) -> str:
     """One line per seed, then the mean and spread of each column over the seeds."""
-    lines = ["| seed | greedy success at each eval (step: %) | steps to 95% | wall to 95% | after | unseen after "
-             "| groups drawn / trained (draws per trained group) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| seed | greedy success at each eval (step: %) | steps to 95% | episodes trained to 95% | wall to 95% "
+             "| after | unseen after | groups drawn / trained (draws per trained group) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         curve = ", ".join(f"{step}: {value:.1%}" for step, value in r["curve"])
-        lines.append(f"| {r['seed']} | {curve} | {r['reached_step'] or 'not reached'} | {_secs(r['reached_wall_s'])} "
+        lines.append(f"| {r['seed']} | {curve} | {r['reached_step'] or 'not reached'} "
+                     f"| {r['reached_episodes_trained'] or '-'} | {_secs(r['reached_wall_s'])} "
                      f"| {r['eval_after']:.1%} | {_pct(r['unseen_after'])} | {r['groups_drawn']} / "
                      f"{r['groups_trained']} ({r['draws_per_kept_group']}) |")
     hits = [r for r in rows if r["reached_step"] is not None]
     lines.append(f"| {len(hits)} of {len(rows)} reached 95% | | {_spread([r['reached_step'] for r in hits], '')} "
+                 f"| {_spread([r['reached_episodes_trained'] for r in hits], '')} "
                  f"| {_spread([r['reached_wall_s'] for r in hits], ' s')} "
                  f"| {_spread([100 * r['eval_after'] for r in rows], '%')} "
                  f"| {_spread([100 * r['unseen_after'] for r in rows if r['unseen_after'] is not None], '%')} "
@@ -106,7 +114,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--seeds", default="0-4", help="training seeds, e.g. 0-4 or 1,3 (default 0-4)")
     ap.add_argument("--out", default="runs/maze_seeds", help="the folder of the runs, the PNG and the table")
     ap.add_argument("--docs", action="store_true", help="also write the table and PNG into examples/maze/")
+    ap.add_argument("--pipelined", action="store_true", help="rollouts one step ahead (maze_config.PIPELINED)")
     args, extra = ap.parse_known_args(argv)
+    if args.pipelined and args.docs:
+        ap.error("--docs writes the table of cpu.yaml's recipe into examples/maze/README.md; drop it with --pipelined")
+    extra = (mc.PIPELINED if args.pipelined else []) + extra
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, config = [], None
@@ -119,7 +131,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             grpo.Trainer(config).fit()
             print(f"[seeds] seed {seed}: {time.time() - t0:.0f} s", flush=True)
         summary = json.loads((run_dir / "summary.json").read_text())
-        rows.append(row(seed, summary, step_lines(run_dir), config.eval.target_success))
+        rows.append(row(seed, summary, step_lines(run_dir), config.eval.target_success, config.algorithm.group_size))
     text = table(rows, config.tasks_per_step)
     png = plot({f"seed {r['seed']}": r["curve"] for r in rows}, out / "seeds.png", config.eval.target_success)
     (out / "seeds.md").write_text(text + "\n")
