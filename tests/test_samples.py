@@ -64,6 +64,25 @@ def test_sample_writer_appends_one_line_an_episode(tmp_path, chat, tiny_text):
     assert [x["step"] for x in lines] == [4, 4, 5] and all(FIRST in x["prompt"] for x in lines)
 
 
+def test_a_writer_loads_its_tokenizer_in_the_background_and_a_bad_model_still_fails_its_write(tmp_path, chat,
+                                                                                                tiny_text):
+    import threading
+
+    from grpo.report import samples
+
+    model = str(tiny_text)
+    samples._DECODERS.pop(model, None)
+    SampleWriter(tmp_path / "samples.jsonl", model)
+    for t in threading.enumerate():
+        if t.name == "grpo-sample-decoder":
+            t.join()
+    assert model in samples._DECODERS  # loaded before any write asked for it
+    missing = SampleWriter(tmp_path / "other.jsonl", str(tmp_path / "no-model"))
+    with pytest.raises(OSError):
+        missing.write([_episode(chat, "none")])
+    assert not (tmp_path / "other.jsonl").exists()
+
+
 def _traj(seed, rewards):
     return Trajectory(task_id=f"d:{seed}", group_id=seed, seed=seed, segments=[], turn_rewards=[0.0], num_turns=1,
                       stop_reason="done", adapter_version=1, info={"rewards": rewards} if rewards is not None else {})

@@ -6,6 +6,7 @@ Decoding is for display only: training reads the trajectories' token ids and nev
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 from grpo.report.metrics import json_safe
@@ -82,25 +83,46 @@ def reward_components(trajs) -> dict[str, float]:
     return {name: sum(v) / len(v) for name, v in totals.items()}
 
 
-class SampleWriter:
-    """Appends decoded episodes to a JSONL file, one line an episode, with the fields given (step, label)."""
+_DECODERS: dict[str, tuple] = {}
+_DECODERS_LOCK = threading.Lock()
 
-    def __init__(self, path: str | Path, model: str):
-        self.path, self.model = Path(path), model
-        self._tokenizer = self._vision_ids = None
 
-    def write(self, trajs, **fields) -> int:
-        if not trajs:
-            return 0
-        if self._tokenizer is None:
+def decoder(model: str) -> tuple:
+    """The model's tokenizer and its vision marker ids, loaded once a process."""
+    with _DECODERS_LOCK:
+        if model not in _DECODERS:
             from transformers import AutoTokenizer
 
             from rollout.models import vision_token_ids
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.model)
-            self._vision_ids = vision_token_ids(self._tokenizer)
+            tokenizer = AutoTokenizer.from_pretrained(model)
+            _DECODERS[model] = (tokenizer, vision_token_ids(tokenizer))
+        return _DECODERS[model]
+
+
+def _preload(model: str) -> None:
+    try:
+        decoder(model)
+    except Exception:  # write() loads it again, and raises there, where the error can be acted on
+        pass
+
+
+class SampleWriter:
+    """Appends decoded episodes to a JSONL file, one line an episode, with the fields given (step, label).
+
+    The tokenizer loads in a background thread from construction: in a training driver the first write, the
+    eval before training, would otherwise wait for transformers' import (about 2 s) before the first step."""
+
+    def __init__(self, path: str | Path, model: str):
+        self.path, self.model = Path(path), model
+        threading.Thread(target=_preload, args=(model,), name="grpo-sample-decoder", daemon=True).start()
+
+    def write(self, trajs, **fields) -> int:
+        if not trajs:
+            return 0
+        tokenizer, vision_ids = decoder(self.model)
         with naming(self.path), self.path.open("a") as f:
             for t in trajs:
-                line = dict(fields, **decode_episode(t, self._tokenizer, self._vision_ids))
+                line = dict(fields, **decode_episode(t, tokenizer, vision_ids))
                 f.write(json.dumps(line, ensure_ascii=False) + "\n")
         return len(trajs)
