@@ -34,8 +34,8 @@ PROGRESS_REWARD = 0.1
 # cpu.yaml with rollouts one step ahead of the trainer, on resources of their own (docs/pipeline.md, "Learning
 # with max_staleness: 1"): `python -m examples.maze.run --pipelined`. Steps of 8 mazes and 2 updates make as
 # many updates an episode as cpu.yaml's 16 and 4, but an episode one update old is then 64 episodes behind the
-# trainer instead of 128 (at 16 mazes a step 1 of 3 seeds reached 95% in 16 steps); warmup and evals every
-# 4 steps come at the same episodes as cpu.yaml's.
+# trainer instead of 128 (at 16 mazes a step 2 of 3 seeds reached 95% in 16 steps, at each of three learning
+# rates); warmup and evals every 4 steps come at the same episodes as cpu.yaml's.
 PIPELINED = ["--pipeline.max_staleness", "1", "--cluster.colocate", "false", "--algorithm.old_logprobs", "trainer",
              "--algorithm.tis_cap", "2.0", "--tasks_per_step", "8", "--steps", "32", "--train.updates_per_batch", "2",
              "--train.warmup_steps", "4", "--eval.every", "4", "--checkpoint.every", "8"]
