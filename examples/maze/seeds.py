@@ -32,15 +32,20 @@ def seed_flags(seed: int) -> list[str]:
     return ["--seed", str(seed), "--train_seed_offset", str((seed + 1) * 1_000_000), "--train.seed", str(seed)]
 
 
+def groups(metrics: list[dict]) -> tuple[int, int]:
+    """The groups drawn and trained over these step records."""
+    return (sum(r["rollout"].get("groups_drawn", 0) for r in metrics),
+            sum(r["rollout"].get("groups_trained", 0) for r in metrics))
+
+
 def reached(metrics: list[dict], target: float) -> dict:
     """The first periodic eval at or above `target`: its step, the run's wall time then, and the groups drawn
     and trained up to then (None when no eval reached it)."""
     for record in metrics:
         if record.get("eval", {}).get("success_rate", 0) >= target:
-            upto = [r["rollout"] for r in metrics if r["step"] <= record["step"]]
-            return {"step": record["step"], "wall_s": record.get("wall_s"),
-                    "groups_drawn": sum(r.get("groups_drawn", 0) for r in upto),
-                    "groups_trained": sum(r.get("groups_trained", 0) for r in upto)}
+            drawn, trained = groups([r for r in metrics if r["step"] <= record["step"]])
+            return {"step": record["step"], "wall_s": record.get("wall_s"), "groups_drawn": drawn,
+                    "groups_trained": trained}
     return {"step": None, "wall_s": None, "groups_drawn": None, "groups_trained": None}
 
 
@@ -53,8 +58,7 @@ def step_lines(run_dir: Path) -> list[dict]:
 
 def row(seed: int, summary: dict, metrics: list[dict], target: float, group_size: int) -> dict:
     hit = reached(metrics, target)
-    drawn = sum(r["rollout"].get("groups_drawn", 0) for r in metrics)
-    trained = sum(r["rollout"].get("groups_trained", 0) for r in metrics)
+    drawn, trained = groups(metrics)
     return {"seed": seed, "curve": eval_curve(summary), "eval_after": summary["eval_after"],
             "unseen_after": summary.get("unseen_after"), "steps": summary["steps"],
             "grpo_wall_s": summary["grpo_wall_s"], "reached_step": hit["step"], "reached_wall_s": hit["wall_s"],
