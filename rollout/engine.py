@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -96,9 +97,24 @@ class Generation:
     expanded_prompt_len: int
 
 
+def register_in_process(model: str | Path) -> None:
+    """Hand vLLM the model's class, imported here. Otherwise vLLM inspects it in a fresh Python process, which
+    imports vLLM all over again (5-6 s on 2 cores), whenever its cache under VLLM_CACHE_ROOT lacks the answer, as
+    a new cache folder always does: a newcomer's first run, a run in a new folder. The engine imports the class
+    here anyway to build the model, and vLLM reads a class registered as a class in this process."""
+    from vllm import ModelRegistry
+
+    config = json.loads((Path(model) / "config.json").read_text())
+    for arch in config.get("architectures") or []:
+        lazy = ModelRegistry.models.get(arch)
+        if lazy is not None and hasattr(lazy, "module_name"):  # registered by name, not yet imported
+            ModelRegistry.register_model(arch, lazy.load_model_cls())
+
+
 class Engine:
     def __init__(self, cfg: EngineConfig):
-        from vllm import LLM
+        with runtime.gc_paused():
+            from vllm import LLM
 
         self.cfg = cfg
         cuda = runtime.has_cuda()
@@ -119,6 +135,7 @@ class Engine:
         else:
             kwargs.update(kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, enforce_eager=True)
         t0 = time.perf_counter()
+        register_in_process(cfg.model)
         # vLLM's start runs gc.collect several times, each scanning every object the imports made (about a
         # second in all for a tiny model, measured): frozen, the collector skips them while the engine starts.
         gc.freeze()
