@@ -9,7 +9,8 @@
    The child runs with a fixed MALLOC_MMAP_THRESHOLD_: with glibc's default, which rises to the size of the
    largest freed block, the activations freed in the backward stay on the heap, fragmented, and the gradients
    allocated next grow the heap anyway, so resident memory records what malloc retains, not the live tensors
-   (a GPU's caching allocator reuses freed blocks). The default allocator's figure is recorded beside it.
+   (a GPU's caching allocator reuses freed blocks). Beside it, the figure as a train rank runs: it keeps the
+   memory it frees (rollout.runtime.keep_freed_memory; the first child's explicit setting leaves it off).
    The model predicts the same: activations, logprob chunks, vision, and the LoRA gradients and AdamW state the
    first step creates (MemoryEstimate.step_extra).
 2. Predicted: Qwen3-VL-8B (benchmarks/gpu_bench.py's config), LoRA rank 32, bf16, at 4096-32768 tokens, with and
@@ -108,15 +109,15 @@ def measured(preset: str, work: Path, budgets: tuple[int, ...]) -> list[dict]:
                 cmd = [sys.executable, "-m", "benchmarks.memory_model", "--one", str(path), str(tokens)]
                 cmd += ["--checkpointing"] if checkpointing else []
                 r = _child(cmd, {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}, kind, tokens)
-                default = _child(cmd, {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"},
-                                 kind, tokens)
+                as_run = _child(cmd, {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"},
+                              kind, tokens)
                 r.update(kind=kind, preset=preset, budget=tokens, measured_mb=_mb(r.pop("measured_bytes")),
                          predicted_mb=_mb(r.pop("predicted_bytes")),
-                         measured_default_malloc_mb=_mb(default["measured_bytes"]))
+                         measured_as_run_mb=_mb(as_run["measured_bytes"]))
                 r["ratio"] = round(r["predicted_mb"] / r["measured_mb"], 3)
                 rows.append(r)
                 print(f"{kind:4} {r['tokens']:6d} tok  ckpt={str(checkpointing):5}  measured {r['measured_mb']:8.1f} MB"
-                      f" (default malloc {r['measured_default_malloc_mb']:8.1f})  predicted {r['predicted_mb']:8.1f} MB"
+                      f" (as a train rank runs {r['measured_as_run_mb']:8.1f})  predicted {r['predicted_mb']:8.1f} MB"
                       f"  ratio {r['ratio']:.2f}  ({r['seconds']} s)",
                       file=sys.stderr)
     return rows

@@ -33,7 +33,11 @@ def keep_freed_memory() -> None:
     them again in the next step, and the kernel faults each page back in zeroed: on these VMs that cost a train
     rank 2-4 s of kernel time a step on top of 1 s of compute (perf: 61% of its time in clear_page_erms). Freed
     blocks now stay on the heap, untrimmed below 2 GB: the process's resident memory stays at its peak, which
-    every step reaches anyway. A C library other than glibc: left as it is."""
+    every step reaches anyway. A process whose malloc was tuned through glibc's environment (MALLOC_*_,
+    GLIBC_TUNABLES), or a C library other than glibc: left as it is."""
+    if any(k.startswith("MALLOC_") and k.endswith("_") for k in os.environ) or "glibc.malloc" in os.environ.get(
+            "GLIBC_TUNABLES", ""):
+        return
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):

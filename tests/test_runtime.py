@@ -1,6 +1,7 @@
 """Process-level settings (rollout/runtime.py): the collector paused around heavy imports, and freed memory kept
 for a train rank's next step."""
 import gc
+import os
 import subprocess
 import sys
 
@@ -40,7 +41,12 @@ def test_the_collector_is_paused_inside_and_left_as_it_was_after():
 
 
 def test_freed_memory_stays_in_the_process_for_the_next_allocation():
-    freed = {mode: int(subprocess.run([sys.executable, "-c", FREED, mode], capture_output=True, text=True,
-                                      check=True).stdout) for mode in ("default", "keep")}
-    assert freed["default"] > 200 << 20, freed  # glibc's default: the block goes back to the kernel
-    assert freed["keep"] < 16 << 20, freed
+    def freed(mode: str, **env) -> int:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+        return int(subprocess.run([sys.executable, "-c", FREED, mode], capture_output=True, text=True, check=True,
+                                  env={**environ, **env}).stdout)
+
+    assert freed("default") > 200 << 20  # glibc's default: the block goes back to the kernel
+    assert freed("keep") < 16 << 20
+    # A malloc tuned through glibc's environment is the user's: kept as they set it.
+    assert freed("keep", MALLOC_MMAP_THRESHOLD_=str(128 << 10)) > 200 << 20

@@ -83,7 +83,7 @@ class TrainWorker:
         self.train.check_length(self, "total_steps")
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(runtime.device())
-        runtime.keep_freed_memory()  # a step's activations reuse the last step's memory, not fresh pages
+        runtime.keep_freed_memory()  # a step's activations reuse the last step's memory (docs/memory.md)
         if self.device.type == "cpu":
             # One OpenMP thread per rank: more thrash (docs/design.md, "Threads"). A single rank takes every core:
             # Ray starts a 1-CPU actor with one thread, and the rollout engine idles while the trainer runs.
@@ -123,8 +123,7 @@ class TrainWorker:
         self.pad_id = forward.tokenizer_of(self.processor).pad_token_id
         self.step = 0  # train_step calls so far
         self.adapter_version: int | None = None  # the last version this trainer published
-        self.optimizer = None
-        self._fsdp = False
+        self.optimizer, self._fsdp = None, False
         if world_size == 1:
             self.setup()
 
