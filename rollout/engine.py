@@ -11,6 +11,7 @@ import gc
 import itertools
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,8 +101,13 @@ class Generation:
 def register_in_process(model: str | Path) -> None:
     """Hand vLLM the model's class, imported here. Otherwise vLLM inspects it in a fresh Python process, which
     imports vLLM all over again (5-6 s on 2 cores), whenever its cache under VLLM_CACHE_ROOT lacks the answer, as
-    a new cache folder always does: a newcomer's first run, a run in a new folder. The engine imports the class
-    here anyway to build the model, and vLLM reads a class registered as a class in this process."""
+    a new cache folder always does: a newcomer's first run, a run in a new folder. An engine whose core runs in
+    this process (the CPU's in-process engine, rollout/runtime.py) imports the class here anyway to build the
+    model, and vLLM reads a class registered as a class in this process. An engine core in its own process
+    (GPU) builds the model there: importing the class here would be extra work before CUDA's fork, and
+    vLLM's inspection runs once per cache folder."""
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        return
     from vllm import ModelRegistry
 
     config = json.loads((Path(model) / "config.json").read_text())
