@@ -19,9 +19,10 @@ s)). Reward: 1/turns for each reply holding a digit, so groups differ. Parts, tw
   on core 1; every process inherits its raylet's affinity (read back from /proc/PID/task/*/status of both
   actors: `pinned`), so each side has a core of its own as on separate machines and the synchronous loop
   leaves one idle while the other works. "maze": the maze example's step (examples/maze/cpu.yaml, its warm
-  start; 2 mazes x G=4, one update a batch, lockstep), about 5 s: its update takes 2-3x as long as its
-  rollout, more at larger sizes (32 episodes: about 4x; the update grows with the episodes, the rollout far
-  less), which caps the gain at 1 + rollout / update, 1.3-1.5. "tool": the tool env, G=4, continuous
+  start; 2 mazes x G=4, one update a batch, lockstep), about 3.4 s: its update takes about 1.6x as long as
+  its rollout (2-3x before the vision tower ran once per distinct image), more at larger sizes (the update
+  grows with the episodes, the rollout far less), which caps the gain at 1 + rollout / update, about 1.6 here.
+  "tool": the tool env, G=4, continuous
   rollouts on both sides, sized so that rollout and update take about 5 s each on their core.
 - colocated_maze: the maze step on one local Ray node, both sides free to use both cores; reported, not in the
   headline. Overlap pays here only as far as a side leaves a core idle; with sides that each kept both cores
