@@ -64,12 +64,16 @@ def once_per_image(tower, pixel_values, grid_thw, **kwargs):
     if grid_thw is None or len(grid_thw) < 2:
         return tower(pixel_values, grid_thw, **kwargs)
     images = torch.split(pixel_values, grid_thw.prod(-1).tolist())
-    first: dict = {}
-    slot = [first.setdefault((tuple(g.tolist()), hashlib.sha1(x.cpu().contiguous().view(torch.uint8).numpy()).digest()),
-                             len(first)) for x, g in zip(images, grid_thw.cpu())]
-    if len(first) == len(images):
+    slots: dict = {}  # (grid, pixel digest) -> its place among the distinct images
+    distinct, slot = [], []  # each distinct image's first index; each image's place among the distinct
+    for i, (x, g) in enumerate(zip(images, grid_thw.cpu())):
+        key = (tuple(g.tolist()), hashlib.sha1(x.cpu().contiguous().view(torch.uint8).numpy()).digest())
+        if key not in slots:
+            slots[key] = len(distinct)
+            distinct.append(i)
+        slot.append(slots[key])
+    if len(distinct) == len(images):
         return tower(pixel_values, grid_thw, **kwargs)
-    distinct = [slot.index(k) for k in range(len(first))]
     out = tower(torch.cat([images[i] for i in distinct]), grid_thw[distinct], **kwargs)
     out.pooler_output = tuple(out.pooler_output[k] for k in slot)
     if getattr(out, "deepstack_features", None) is not None:
