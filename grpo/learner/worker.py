@@ -85,8 +85,9 @@ class TrainWorker:
         self.device = torch.device(runtime.device())
         runtime.keep_freed_memory()  # a step's activations reuse the last step's memory (docs/memory.md)
         if self.device.type == "cpu":
-            # One OpenMP thread per rank: more thrash (docs/design.md, "Threads"). A single rank takes every core:
-            # Ray starts a 1-CPU actor with one thread, and the rollout engine idles while the trainer runs.
+            # One OpenMP thread per rank: more threads than cores per process thrash (docs/design.md, "Threads"). A
+            # single rank takes every core: Ray starts a 1-CPU actor with one thread, and the rollout engine idles
+            # while the trainer runs.
             cores = len(os.sched_getaffinity(0))  # the cores this process may run on (a pinned node has fewer)
             threads = cpu_threads if cpu_threads is not None else (1 if world_size > 1 else cores)
             torch.set_num_threads(threads)
