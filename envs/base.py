@@ -57,6 +57,13 @@ class Env(ABC):
     def step(self, action_text: str) -> StepResult:
         """Apply the model's reply (raw text, parsed by the env) and say what happened."""
 
+    def task_key(self, seed: int) -> Optional[Hashable]:
+        """The identity of the task that `seed` gives, or None (the default: every seed its own task). Seeds
+        can name the same task (two maze seeds that draw one layout, a dataset's seeds that cycle through its
+        rows): the trainer skips every training seed whose key is that of an eval or test seed
+        (envs.split), so training never draws a task the evaluations score. Must not need `reset`."""
+        return None
+
     def state_key(self) -> Optional[Hashable]:
         """A key that is equal exactly when two moments of episodes of the same task are the same state
         (the maze: the agent's block), or None. The rollout records it before every turn; step-level

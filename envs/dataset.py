@@ -11,7 +11,9 @@ so a run's config.yaml names them and `grpo eval` rebuilds the env from it.
 
 The seed names the row, so evaluation and training draws work as for any env: seeds 0..n-1 are rows 0..n-1
 (the eval seeds 0-63 are the first 64 rows), and larger seeds, the trainer's draw from `train_seed_offset`
-up, cycle through rows `holdout`..n-1: set `holdout` to the number of leading rows kept for evaluation.
+up, cycle through rows `holdout`..n-1. The row is the task (`task_key`), so the trainer skips every row that
+`eval.seeds` or `eval.test_seeds` score, whatever `holdout` says: with the defaults a dataset of 1,000 rows
+trains on rows 64..999. A dataset with no row left to train on is refused before the run starts.
 """
 from __future__ import annotations
 
@@ -53,6 +55,9 @@ class DatasetEnv(Env):
     def row_index(self, seed: int) -> int:
         n = len(self.rows)
         return seed if 0 <= seed < n else self.holdout + seed % (n - self.holdout)
+
+    def task_key(self, seed: int) -> int:
+        return self.row_index(int(seed))
 
     def reset(self, seed: int) -> Observation:
         self.index = self.row_index(int(seed))

@@ -75,7 +75,8 @@ def train(argv: list[str]) -> int:
         print(f"grpo train: {e}", file=sys.stderr)
         return 2
     summary = trainer.fit()
-    print(json.dumps({k: summary[k] for k in ("eval_before", "eval_after", "unseen_after", "steps", "grpo_wall_s")}))
+    print(json.dumps({k: summary[k] for k in ("eval_before", "eval_after", "test_before", "test_after", "steps",
+                                                  "grpo_wall_s")}))
     return 0
 
 

@@ -41,19 +41,22 @@ class EnvConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    seeds: Any = "0-63"          # the fixed evaluation set, greedy decoding
-    unseen_seeds: Any = None     # a second set the training never draws, reported at the end
+    seeds: Any = "0-63"          # the validation set (greedy): evaluated every `every` steps, stops the run
+    test_seeds: Any = None       # the test set: scored before and after training, used for nothing else
     every: int = 0               # evaluate every k steps (0: only before and after training)
     target_success: Optional[float] = None  # stop training once eval success reaches it
 
     def __post_init__(self):
         try:
             parse_seeds(self.seeds)
-            parse_seeds(self.unseen_seeds or [])
+            parse_seeds(self.test_seeds or [])
         except ValueError:
             raise ConfigError(self, "seeds", self.seeds, "a seed list like '0-63' or '0-3,10'") from None
         require(self, "seeds", bool(parse_seeds(self.seeds)), "at least one seed, e.g. '0-63', '0-3,10' or [0] (a "
                 "number n means the first n seeds, so 0 means none): the evals before and after training need one")
+        shared = sorted(set(parse_seeds(self.seeds)) & set(parse_seeds(self.test_seeds or [])))
+        require(self, "test_seeds", not shared, f"seeds apart from eval.seeds (both hold {shared[:5]}): the test "
+                "set is reported and nothing else, eval.seeds stops runs")
         check_number(self, "every", integer=True, ge=0)
         check_number(self, "target_success", ge=0, le=1, optional=True)
 
@@ -163,7 +166,7 @@ class RunConfig:
     steps: int = 100                    # GRPO steps (one rollout batch and one update each); the schedule's length
     tasks_per_step: int = 8             # tasks a step; each is rolled out algorithm.group_size times
     seed: int = 0                       # the vLLM engines' sampling seed (train.seed seeds the trainer)
-    train_seed_offset: int = 1_000_000  # training draws task seeds from here on, away from eval seeds
+    train_seed_offset: int = 1_000_000  # training draws task seeds from here on, skipping evaluated tasks
     adapter: Optional[str] = None       # start from this LoRA adapter folder instead of a fresh one
     env: EnvConfig = field(default_factory=EnvConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -205,9 +208,6 @@ class RunConfig:
                               "(evaluation is greedy and unaffected)")
         self.train.check_length(self, "steps")
         self._check_pipeline()
-        held_out = set(self.eval_seeds) | set(self.unseen_seeds)
-        require(self, "train_seed_offset", self.train_seed_offset > max(held_out, default=-1),
-                f"larger than every eval seed ({max(held_out, default=-1)}), so training never draws them")
 
     def _check_pipeline(self) -> None:
         k = self.pipeline.max_staleness
@@ -235,8 +235,8 @@ class RunConfig:
         return parse_seeds(self.eval.seeds)
 
     @property
-    def unseen_seeds(self) -> list[int]:
-        return parse_seeds(self.eval.unseen_seeds or [])
+    def test_seeds(self) -> list[int]:
+        return parse_seeds(self.eval.test_seeds or [])
 
     def engine_config(self) -> EngineConfig:
         """The vLLM engine this run asks for: the trainer's rollout workers and grpo.eval start the same."""

@@ -24,7 +24,8 @@ def test_the_warm_start_reads_its_options_from_the_cpu_run():
     assert (maze_config.SIZE, maze_config.CELL_PX, maze_config.MAX_TURNS) == (9, 8, 30)
     assert (maze_config.HISTORY, maze_config.MAX_TOKENS_PER_TURN) == ("none", 8)
     assert maze_config.EVAL_SEEDS == list(EVAL_SEEDS)
-    assert maze_config.UNSEEN_SEEDS == list(range(10_000, 10_064))
+    assert len(maze_config.TEST_SEEDS) == 64 and not set(maze_config.TEST_SEEDS) & set(maze_config.EVAL_SEEDS)
+    assert maze_config.SFT_GATE_SEEDS == list(range(10_000, 10_064))
     assert maze_config.TRAIN_SEED_BASE == 1_000_000 and cfg.eval.target_success == 0.95
 
 
@@ -43,7 +44,7 @@ def test_cpu_run_learning_rate_is_the_cosine_over_its_steps():
 def test_every_eval_maze_is_solvable_within_the_turn_limit(name):
     cfg = RunConfig.from_yaml(HERE / name)
     opts = cfg.env.options
-    for seeds in (cfg.eval_seeds, cfg.unseen_seeds):
+    for seeds in (cfg.eval_seeds, cfg.test_seeds):
         stats = maze_stats(seeds, size=opts["size"], max_turns=opts["max_turns"])
         assert stats["solvable"] == len(seeds)
 
@@ -63,7 +64,7 @@ def test_cpu_run_is_the_task_reward_less_a_turn_cost_episode_advantages_one_temp
     assert cfg.env.options["turn_cost"] == 0.01
     assert cfg.algorithm.step_weight == 0
     assert cfg.rollout.temperature == 0.7 and not hasattr(cfg.train, "temperature")
-    assert cfg.unseen_seeds and cfg.eval.target_success == 0.95
+    assert cfg.test_seeds and cfg.eval.target_success == 0.95
 
 
 def test_ablation_variants_add_shaping_then_step_level_advantages():
@@ -79,7 +80,7 @@ def test_ablation_variants_add_shaping_then_step_level_advantages():
 def test_ablation_curve_and_table_from_a_summary():
     from examples.maze import ablate
 
-    summary = {"eval_before": 0.4375, "eval_after": 0.96875, "unseen_after": 0.90625, "steps": 6, "grpo_wall_s": 412.4,
+    summary = {"eval_before": 0.4375, "eval_after": 0.96875, "test_after": 0.90625, "steps": 6, "grpo_wall_s": 412.4,
                "evals": {"2": {"success_rate": 0.5}, "4": {"success_rate": 0.75}, "6": {"success_rate": 0.953125}},
                "first_step_rollout_success": 0.390625, "last_step_rollout_success": 0.9375,
                "zero_signal_share_first_step": 0.25, "zero_signal_share_last_step": 0.75}
@@ -106,7 +107,7 @@ def _seed_run(reached_at):
                 **({"eval": {"success_rate": evals[s]}, "wall_s": 100.0 * s} if s in evals else {})}
                for s in (1, 2, 3, 4)]
     summary = {"eval_before": 0.40625, "eval_after": evals[4] if reached_at != 2 else evals[2],
-               "unseen_after": 0.9375, "steps": 4 if reached_at != 2 else 2, "grpo_wall_s": 450.0,
+               "test_after": 0.9375, "steps": 4 if reached_at != 2 else 2, "grpo_wall_s": 450.0,
                "evals": {str(s): {"success_rate": v} for s, v in evals.items()}}
     return summary, metrics
 

@@ -44,7 +44,7 @@ def test_training_states_never_use_an_eval_maze():
     env = envs.make("maze", **mc.ENV_OPTIONS)
     stream = sft.state_stream(mc.ENV_OPTIONS, 0.3, 0.5, 12, random.Random(0), buffer=64)
     assert next(stream).labels is not None
-    assert sft.VISION_SEED_BASE >= mc.TRAIN_SEED_BASE > max(mc.UNSEEN_SEEDS) > max(mc.EVAL_SEEDS)
+    assert sft.VISION_SEED_BASE >= mc.TRAIN_SEED_BASE > max(mc.SFT_GATE_SEEDS) > max(mc.EVAL_SEEDS)
     placed = next(sft.placed_states(mc.ENV_OPTIONS, [sft.VISION_SEED_BASE], random.Random(0)))
     env.reset(sft.VISION_SEED_BASE)
     r, c = divmod(placed.agent, mc.SIZE)

@@ -116,12 +116,13 @@ def test_summary_table():
     summary = {"eval_before": 0.3125, "eval_after": 0.96875, "steps": 4, "grpo_wall_s": 206.4,
                "adapter_path": "runs/maze/store/adapters/v000005",
                "eval_after_detail": {"episodes": 64, "mean_reward": 1.2, "stop_reasons": {"done": 62, "max_turns": 2}},
-               "unseen_after_detail": {"episodes": 64, "success_rate": 0.9375}}
+               "test_before": 0.5, "test_after_detail": {"episodes": 64, "success_rate": 0.9375}}
     text = table(summary_rows(summary))
     lines = text.splitlines()
-    assert lines[0].split("  ")[0] == "greedy success, 64 eval seeds, before training"
+    assert lines[0].split("  ")[0] == "greedy success, 64 validation seeds, before training"
     assert lines[0].endswith("  31.2%") and lines[1].endswith("  96.9%")
-    assert "greedy success, 64 unseen seeds, after training  93.8%" in text
+    assert re.search(r"\ngreedy success, 64 test seeds, before training +50\.0%\n", text)
+    assert re.search(r"\ngreedy success, 64 test seeds, after training +93\.8%\n", text)
     assert "eval episodes ended by" in text and "done 62, max_turns 2" in text
     assert re.search(r"\nGRPO wall time +206 s\n", text)
     assert len({line.rindex("  ") for line in lines}) == 1  # one column of values

@@ -16,7 +16,7 @@ def _config(model, out, steps):
         algorithm={"group_size": 4, "kl_coef": 0.001, "step_weight": 1.0},
         lora={"rank": 8, "alpha": 16.0}, train={"lr": 1e-3, "micro_batch_size": 16},
         rollout={"max_tokens_per_turn": 10, "history": "none"}, engine={"max_model_len": 2048},
-        eval={"seeds": "0-3", "unseen_seeds": "10000-10003", "every": 1},
+        eval={"seeds": "0-3", "test_seeds": "10000-10003", "every": 1},
         checkpoint={"every": 1, "keep": 2}, cluster={"train_ranks": 2})
 
 
@@ -48,10 +48,10 @@ def test_fit_writes_everything_and_resumes(tmp_path, tiny_vl):
     summary = grpo.Trainer(_config(tiny_vl, out, steps=2), callbacks=[hooks]).fit()
     assert not ray.is_initialized()
     step = ["rollout", "advantages", "sleep", "train", "publish", "wake_up", "hotload", "eval"]
-    assert hooks.calls == (["begin", "start", "actors_start", "eval", "eval before"]
+    assert hooks.calls == (["begin", "start", "actors_start", "eval", "eval before", "eval", "eval test before"]
                            + step + ["eval step 1", "step 1", "checkpoint"]
                            + step + ["eval step 2", "step 2", "checkpoint"]
-                           + ["eval", "eval after", "eval", "eval unseen", "end"])
+                           + ["eval", "eval after", "eval", "eval test", "end"])
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2]
     for r in lines:
@@ -68,7 +68,7 @@ def test_fit_writes_everything_and_resumes(tmp_path, tiny_vl):
     assert [r["rollout_adapter_version"] for r in lines] == [1, 2]
     assert [r["adapter_version"] for r in lines] == [2, 3]
     assert summary["steps"] == 2 and summary["adapter_version"] == 3
-    for key in ("eval_before", "eval_after", "unseen_after", "grpo_wall_s"):
+    for key in ("eval_before", "eval_after", "test_before", "test_after", "grpo_wall_s"):
         assert summary[key] is not None
     assert json.loads((out / "summary.json").read_text())["eval_after"] == summary["eval_after"]
     assert (out / "curves.png").stat().st_size > 0

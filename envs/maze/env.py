@@ -7,6 +7,7 @@ the same maze and the same image on every machine.
 
     python -m envs.maze --stats --seeds 0-63 --json
     python -m envs.maze --render 0 --out maze0.png
+    python -m envs.maze --overlap           # the layouts the maze example's sets share, one JSON line
 """
 from __future__ import annotations
 
@@ -140,6 +141,9 @@ class MazeEnv(Env):
     def done(self) -> bool:
         return self._done
 
+    def task_key(self, seed: int) -> str:
+        return generate_maze(self.size, seed).key
+
     def state_key(self) -> Cell:
         # The image shows the layout and the agent; the layout is the task's, so the block is the state.
         return tuple(self._position)
@@ -246,9 +250,22 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--json", action="store_true", help="end the stats with one JSON line")
     parser.add_argument("--render", type=int, metavar="SEED", help="save the first image of this seed")
     parser.add_argument("--out", help="PNG path for --render")
+    parser.add_argument("--overlap", action="store_true", help="one JSON line: the layouts each pair of the maze "
+                        "example's sets shares (validation, test, the SFT's draws, GRPO's draws for seeds 0-4)")
+    parser.add_argument("--pick-test", type=int, metavar="FIRST", help="the test seeds: the first 64 from FIRST "
+                        "whose layouts no other set of the example holds")
     args = parser.parse_args(argv)
+    if args.overlap or args.pick_test is not None:
+        from envs.maze import overlap
+
+        if args.overlap:
+            print(json.dumps(overlap.overlap(overlap.example_sets())))
+        else:
+            avoid = {k: v for k, v in overlap.example_sets(train=range(0)).items() if k != "test"}
+            print(overlap.seed_spec(overlap.pick_test_seeds(args.pick_test, 64, avoid)))
+        return
     if not args.stats and args.render is None:
-        parser.error("nothing to do: pass --stats and/or --render SEED --out FILE.png")
+        parser.error("nothing to do: pass --stats, --render SEED --out FILE.png, --overlap or --pick-test FIRST")
     if args.render is not None and not args.out:
         parser.error("--render needs --out FILE.png")
     try:

@@ -39,11 +39,11 @@ def eval_curve(summary: dict) -> list[tuple[int, float]]:
 
 def table(results: dict[str, dict]) -> str:
     """The markdown table (examples/maze/README.md) of the measured figures, one row per run."""
-    rows = ["| run | greedy before | greedy after | unseen after | sampled success, first -> last step "
+    rows = ["| run | greedy before | greedy after | test after | sampled success, first -> last step "
             "| zero-signal groups, first -> last step | GRPO wall |", "|---|---|---|---|---|---|---|"]
     for name, s in results.items():
         rows.append(
-            f"| {name} | {s['eval_before']:.1%} | {s['eval_after']:.1%} | {_pct(s.get('unseen_after'))} "
+            f"| {name} | {s['eval_before']:.1%} | {s['eval_after']:.1%} | {_pct(s.get('test_after'))} "
             f"| {_pct(s.get('first_step_rollout_success'))} -> {_pct(s.get('last_step_rollout_success'))} "
             f"| {_pct(s.get('zero_signal_share_first_step'))} -> {_pct(s.get('zero_signal_share_last_step'))} "
             f"| {s['grpo_wall_s']:.0f} s |")
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-_KEPT = ("eval_before", "eval_after", "unseen_after", "steps", "grpo_wall_s", "first_step_rollout_success",
+_KEPT = ("eval_before", "eval_after", "test_before", "test_after", "steps", "grpo_wall_s", "first_step_rollout_success",
          "last_step_rollout_success", "zero_signal_share_first_step", "zero_signal_share_last_step", "evals")
 
 

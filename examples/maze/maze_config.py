@@ -22,9 +22,11 @@ CELL_PX = ENV_OPTIONS["cell_px"]
 MAX_TURNS = ENV_OPTIONS["max_turns"]
 HISTORY = CPU_RUN.rollout.history
 MAX_TOKENS_PER_TURN = CPU_RUN.rollout.max_tokens_per_turn
-EVAL_SEEDS = CPU_RUN.eval_seeds  # the fixed evaluation
-UNSEEN_SEEDS = CPU_RUN.unseen_seeds  # a second set the warm start never trains or stops on
-TRAIN_SEED_BASE = CPU_RUN.train_seed_offset  # training mazes are seeds from here on, so they miss both eval sets
+EVAL_SEEDS = CPU_RUN.eval_seeds  # validation: stops GRPO at its target and the SFT in its band
+TEST_SEEDS = CPU_RUN.test_seeds  # test: reported, used for nothing else (layouts no training draw holds)
+# The SFT's own validation: its per-state accuracy, which decides when greedy evals start (and its report).
+SFT_GATE_SEEDS = list(range(10_000, 10_064))
+TRAIN_SEED_BASE = CPU_RUN.train_seed_offset  # training mazes are seeds from here on, past held-out layouts
 
 # Progress shaping (PROGRESS_REWARD per move that shortens the way) is an option the ablation
 # (examples/maze/ablate.py) measures on top of cpu.yaml's sparse task reward; it changes no prompt or image,

@@ -1,7 +1,7 @@
 """`make maze`: the seed's result in miniature, on the CPU.
 
 Warm start (examples/maze/warmstart, made by sft.py if missing) -> greedy eval on the 64 fixed mazes ->
-GRPO until 95% or the step budget -> eval on the 64 fixed and 64 unseen mazes -> a table, and
+GRPO until 95% on the 64 validation mazes or the step budget -> eval on them and on the 64 test mazes -> a table, and
 runs/maze/summary.json. Extra arguments override the config: `python -m examples.maze.run --steps 10`.
 `--pipelined` runs the recipe with rollouts one step ahead of the trainer (maze_config.PIPELINED) in
 runs/maze_pipelined.
@@ -16,7 +16,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # The last line's figures: where the run ended, and how it learned (the sampled success and the groups whose
 # equal rewards gave no signal, at the first and the last step).
-SHOWN = ("eval_before", "eval_after", "unseen_after", "steps", "grpo_wall_s", "first_step_rollout_success",
+SHOWN = ("eval_before", "eval_after", "test_before", "test_after", "steps", "grpo_wall_s", "first_step_rollout_success",
          "last_step_rollout_success", "zero_signal_share_first_step", "zero_signal_share_last_step")
 
 

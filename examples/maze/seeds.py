@@ -6,7 +6,8 @@
     python -m examples.maze.seeds --pipelined      # the recipe with rollouts a step ahead (maze_config.PIPELINED)
 
 Seed S changes all three sources of chance: the engine's sampling (`--seed S`), the training mazes
-(`--train_seed_offset (S + 1) x 1e6`, seed 0 draws what `make maze` draws) and the adapter's initialisation
+(`--train_seed_offset (S + 1) x 1e6`, envs.maze.overlap.training_offset; seed 0 draws what `make maze`
+draws, past every validation and test layout) and the adapter's initialisation
 (`--train.seed S`). Each run is `make maze`'s (examples/maze/cpu.yaml): it stops at the 95% target. A seed
 whose folder holds a summary.json is not run again (delete the folder to rerun it).
 """
@@ -18,6 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
+from envs.maze.overlap import training_offset
 from envs.seeds import parse_seeds
 from examples.maze import maze_config as mc
 from examples.maze.ablate import _pct, eval_curve, plot
@@ -29,7 +31,7 @@ BEGIN, END = "<!-- maze-seeds -->", "<!-- /maze-seeds -->"
 
 
 def seed_flags(seed: int) -> list[str]:
-    return ["--seed", str(seed), "--train_seed_offset", str((seed + 1) * 1_000_000), "--train.seed", str(seed)]
+    return ["--seed", str(seed), "--train_seed_offset", str(training_offset(seed)), "--train.seed", str(seed)]
 
 
 def groups(metrics: list[dict]) -> tuple[int, int]:
@@ -60,7 +62,8 @@ def row(seed: int, summary: dict, metrics: list[dict], target: float, group_size
     hit = reached(metrics, target)
     drawn, trained = groups(metrics)
     return {"seed": seed, "curve": eval_curve(summary), "eval_after": summary["eval_after"],
-            "unseen_after": summary.get("unseen_after"), "steps": summary["steps"],
+            "test_before": summary.get("test_before"), "test_after": summary.get("test_after"),
+            "test_failed_stopped_early": stopped_early(summary.get("test_after_detail")), "steps": summary["steps"],
             "grpo_wall_s": summary["grpo_wall_s"], "reached_step": hit["step"], "reached_wall_s": hit["wall_s"],
             # The sample cost of the target: the episodes of the groups trained on up to that eval.
             "reached_episodes_trained": None if hit["step"] is None else hit["groups_trained"] * group_size,
@@ -68,23 +71,31 @@ def row(seed: int, summary: dict, metrics: list[dict], target: float, group_size
             "draws_per_kept_group": round(drawn / trained, 2) if trained else None}
 
 
+def stopped_early(detail: dict | None) -> float | None:
+    """The share of an eval's failed episodes that ended by a stop off the target (the rest ran out of turns)."""
+    if not detail or not detail["outcomes"]["failed"]:
+        return None
+    outcomes = detail["outcomes"]
+    return round(outcomes["failed_by_stop_reason"].get("done", 0) / outcomes["failed"], 4)
+
+
 def table(rows: list[dict], tasks_per_step: int) -> str:
     """One line per seed, then the mean and spread of each column over the seeds."""
     lines = ["| seed | greedy success at each eval (step: %) | steps to 95% | episodes trained to 95% | wall to 95% "
-             "| after | unseen after | groups drawn / trained (draws per trained group) |",
+             "| validation after | test after | groups drawn / trained (draws per trained group) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         curve = ", ".join(f"{step}: {value:.1%}" for step, value in r["curve"])
         lines.append(f"| {r['seed']} | {curve} | {r['reached_step'] or 'not reached'} "
                      f"| {r['reached_episodes_trained'] or '-'} | {_secs(r['reached_wall_s'])} "
-                     f"| {r['eval_after']:.1%} | {_pct(r['unseen_after'])} | {r['groups_drawn']} / "
+                     f"| {r['eval_after']:.1%} | {_pct(r['test_after'])} | {r['groups_drawn']} / "
                      f"{r['groups_trained']} ({r['draws_per_kept_group']}) |")
     hits = [r for r in rows if r["reached_step"] is not None]
     lines.append(f"| {len(hits)} of {len(rows)} reached 95% | | {_spread([r['reached_step'] for r in hits], '')} "
                  f"| {_spread([r['reached_episodes_trained'] for r in hits], '')} "
                  f"| {_spread([r['reached_wall_s'] for r in hits], ' s')} "
                  f"| {_spread([100 * r['eval_after'] for r in rows], '%')} "
-                 f"| {_spread([100 * r['unseen_after'] for r in rows if r['unseen_after'] is not None], '%')} "
+                 f"| {_spread([100 * r['test_after'] for r in rows if r['test_after'] is not None], '%')} "
                  f"| {sum(r['groups_drawn'] for r in rows)} drawn for {sum(r['groups_trained'] for r in rows)} "
                  f"trained ({tasks_per_step} a step without dynamic sampling) |")
     return "\n".join(lines)
@@ -145,7 +156,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         PNG.write_bytes(png.read_bytes())
     print(text)
     print(json.dumps({"seeds": [r["seed"] for r in rows], "reached": [r["reached_step"] for r in rows],
-                      "unseen_after": [r["unseen_after"] for r in rows]}))
+                      "test_after": [r["test_after"] for r in rows]}))
     return rows
 
 

@@ -9,7 +9,9 @@ The shipped warm start is two runs (build_warmstart): the defaults (about 26 min
 HABIT_STAGE from that checkpoint (125 steps, 28 min on two heavily shared cores): the second run's
 demonstrator has a habit, so the model's greedy failures are navigation, not format (see HABIT_STAGE).
 
-Two phases, both on fresh training mazes (seeds from maze_config.TRAIN_SEED_BASE on, never an eval maze):
+Two phases, both on fresh training mazes (seeds from maze_config.TRAIN_SEED_BASE on, skipping every layout of
+the validation, test and SFT-gate sets; `draws.json` beside the warm start records the seed ranges drawn, which
+`python -m envs.maze --overlap` reads):
 1. The vision tower alone (no language model runs, a step costs a third of a full one) learns dense labels of
    every block from a linear head on its merged tokens, one token per block: the BFS expert's move from that
    block, whether the agent is on it, which of its four neighbours are open. Every image teaches its whole
@@ -53,13 +55,16 @@ import torch
 import envs
 from envs.base import Observation
 from envs.maze import MazeEnv, action_text, expert_action, generate_maze, shortest_path
+from envs.maze.overlap import seed_spec
 from envs.maze.render import render
 from envs.maze.solver import MOVES, distances_to, next_direction
+from envs.split import HeldOut, held_out, training_seeds
 from examples.maze import maze_config as mc
 
 STOP_CLASS = 4  # block label of the target block; 0-3 are the move directions
 IGNORE = -100
 VISION_SEED_BASE = mc.TRAIN_SEED_BASE + 50_000_000  # the vision phase's mazes, apart from the SFT phase's
+BUFFER = 2048  # states in the SFT phase's shuffle buffer
 
 
 @dataclass(frozen=True)
@@ -93,18 +98,24 @@ class SFTConfig:
     band_low: float = 0.30
     band_high: float = 0.60
     stop_at: float = 0.40  # stop at the first evaluation in [stop_at, band_high]
-    held_states: int = 256  # states of the unseen mazes for the per-state accuracy
+    held_states: int = 256  # states of the SFT-gate mazes (validation) for the per-state accuracy
     eval_episodes: int = 64  # the first n seeds of each eval set; fewer only for quick tests
     threads: int = 2
     # A saved model (e.g. an earlier warm start) to go on from instead of a fresh tiny one.
     init: str = ""
     min_steps: int = 0  # no stop in the band before this step (a continuation starts inside it)
+    # Seconds the run may take from its start (0: no limit): past it, the step that ends evaluates and the run
+    # stops there (the baseline of more SFT at a GRPO run's wall time, examples/maze/baselines.py).
+    max_wall_s: float = 0.0
     # The demonstrator's habit: where the expert's move is `habit_when` and the block in direction
     # `habit_move` is open, the label is `habit_move` with probability `habit_rate` (0: the expert always).
     # A habit the image shows makes the model's mistakes navigation mistakes, the same in every maze.
     habit_when: int = 0
     habit_move: int = 2
     habit_rate: float = 0.0
+    # Training draws skip the layouts of the validation, test and SFT-gate mazes (the shipped warm start was
+    # built before this existed, without it: its draws.json says so, and the test set was picked around it).
+    skip_held_out: bool = True
 
     @property
     def env_options(self) -> dict:
@@ -119,8 +130,8 @@ class SFTConfig:
         return mc.EVAL_SEEDS[: self.eval_episodes]
 
     @property
-    def unseen_seeds(self) -> list[int]:
-        return mc.UNSEEN_SEEDS[: self.eval_episodes]
+    def gate_seeds(self) -> list[int]:
+        return mc.SFT_GATE_SEEDS[: self.eval_episodes]
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -180,6 +191,7 @@ class Habit:
 
 
 NO_HABIT = Habit(0, 2, 0.0)
+NO_SKIP = HeldOut()
 
 
 def noisy_expert_states(env: MazeEnv, seed: int, noise: float, rng: random.Random,
@@ -201,20 +213,60 @@ def noisy_expert_states(env: MazeEnv, seed: int, noise: float, rng: random.Rando
 
 
 def state_stream(options: dict, noise: float, wander: float, max_wander: int, rng: random.Random,
-                 buffer: int = 2048, habit: Habit = NO_HABIT):
+                 buffer: int = BUFFER, habit: Habit = NO_HABIT, skip: HeldOut = NO_SKIP):
     """Endless states of fresh training mazes (one seed per episode), shuffled through a buffer so that a
     batch mixes many mazes."""
     env = envs.make(mc.ENV, **options)
     pool: list[Sample] = []
-    maze_seed = mc.TRAIN_SEED_BASE
+    seeds = maze_seeds(env, mc.TRAIN_SEED_BASE, skip)
     while True:
         while len(pool) < buffer:
             steps = rng.randint(1, max_wander) if rng.random() < wander else 0
-            pool += noisy_expert_states(env, maze_seed, noise, rng, steps, habit)
-            maze_seed += 1
+            pool += noisy_expert_states(env, next(seeds), noise, rng, steps, habit)
         i = rng.randrange(len(pool))
         pool[i], pool[-1] = pool[-1], pool[i]
         yield pool.pop()
+
+
+def held_out_layouts(env) -> HeldOut:
+    """The layouts no SFT draw may hold: the validation mazes, the test mazes and the SFT's own gate mazes."""
+    return held_out(env, list(mc.EVAL_SEEDS) + list(mc.TEST_SEEDS) + list(mc.SFT_GATE_SEEDS))
+
+
+def maze_seeds(env, first: int, skip: HeldOut):
+    """Training maze seeds from `first` on, one after another, past every held-out layout (envs.split)."""
+    seed = first
+    while True:
+        (found,), seed = training_seeds(env, seed, 1, skip)
+        yield found
+
+
+def draws(log: Path, stage: str) -> list[dict]:
+    """The seed ranges one train() run drew its training mazes from, read from its log (its config and the
+    steps it ran): the vision phase one maze a sample; the SFT phase at most one maze a state it trained on
+    plus the states its shuffle buffer held at the end (a bound: an episode gives one state or more)."""
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    cfg = records[0]["config"]
+    steps = max(r["step"] for r in records if "step" in r and "loss" in r)
+    skips = bool(cfg.get("skip_held_out", False))  # logs of runs before the option existed: no skipping
+    out = []
+    if cfg["vision_steps"]:
+        out.append({"phase": f"{stage}_vision", "first": VISION_SEED_BASE,
+                    "count": cfg["vision_steps"] * cfg["batch_size"], "skips_held_out": skips})
+    out.append({"phase": f"{stage}_sft", "first": mc.TRAIN_SEED_BASE,
+                "count": steps * cfg["batch_size"] + BUFFER + cfg["max_turns"], "skips_held_out": skips})
+    return out
+
+
+def write_draws(folder: Path) -> Path:
+    """`draws.json` beside a warm start: the SFT's gate seeds and every range its runs drew mazes from."""
+    logs = [(folder / "sft_log_expert.jsonl", "expert"), (folder / "sft_log.jsonl", "final")]
+    manifest = {"validation_seeds": seed_spec(mc.SFT_GATE_SEEDS),
+                "draws": [d for log, stage in logs if log.is_file() for d in draws(log, stage)],
+                "written_by": "python -m examples.maze.sft --record-draws DIR (from the SFT logs in DIR)"}
+    path = folder / "draws.json"
+    path.write_text(json.dumps(manifest, indent=1) + "\n")
+    return path
 
 
 class Encoder:
@@ -433,13 +485,14 @@ def tower_map(model, head, processor, cfg: "SFTConfig") -> dict:
             "path_perfect": round(perfect / len(mazes), 4)}
 
 
-def pretrain_vision(model, head, processor, cfg: "SFTConfig", rng: random.Random, log, t0: float) -> None:
+def pretrain_vision(model, head, processor, cfg: "SFTConfig", rng: random.Random, log, t0: float,
+                    skip: HeldOut) -> None:
     """Phase 1: the vision tower and its merger alone learn the dense block labels. No language model runs,
     so a step costs a fraction of a full one, and every image teaches all of its blocks."""
     visual = model.model.visual
     params = list(visual.parameters()) + list(head.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.vision_lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    seeds = iter(range(VISION_SEED_BASE, VISION_SEED_BASE + 10**8))
+    seeds = maze_seeds(envs.make(mc.ENV, **cfg.env_options), VISION_SEED_BASE, skip)
     states = placed_states(cfg.env_options, seeds, rng)
     for step in range(cfg.vision_steps):
         lr = lr_at(step, cfg.vision_lr, cfg.warmup_steps, cfg.vision_steps, cfg.min_lr_ratio)
@@ -493,10 +546,11 @@ def train(cfg: SFTConfig) -> dict:
     torch.manual_seed(cfg.seed)
     aux_head = torch.nn.Linear(model.config.text_config.hidden_size, 5 + 1 + 4) if cfg.aux_weight > 0 else None
     rng = random.Random(cfg.seed)
-    stream = state_stream(cfg.env_options, cfg.noise, cfg.wander, cfg.max_wander, rng, habit=cfg.habit)
     held, env = [], envs.make(mc.ENV, **cfg.env_options)
+    skip = held_out_layouts(env) if cfg.skip_held_out else NO_SKIP
+    stream = state_stream(cfg.env_options, cfg.noise, cfg.wander, cfg.max_wander, rng, habit=cfg.habit, skip=skip)
     held_rng = random.Random(cfg.seed + 1)
-    for s in mc.UNSEEN_SEEDS:  # unseen mazes, so this accuracy is not memory either
+    for s in mc.SFT_GATE_SEEDS:  # mazes apart from the training draw, so this accuracy is not memory either
         held += noisy_expert_states(env, s, cfg.noise, held_rng, habit=cfg.habit)
         if len(held) >= cfg.held_states:
             break
@@ -513,7 +567,7 @@ def train(cfg: SFTConfig) -> dict:
     if cfg.vision_steps:
         if aux_head is None:
             raise ValueError("vision_steps needs aux_weight > 0: the vision phase learns the auxiliary labels")
-        pretrain_vision(model, aux_head, processor, cfg, rng, log, t0)
+        pretrain_vision(model, aux_head, processor, cfg, rng, log, t0, skip)
 
     # The evaluated and saved weights: an exponential moving average of the trained ones when cfg.ema > 0.
     shown = copy.deepcopy(model) if cfg.ema > 0 else model
@@ -539,11 +593,12 @@ def train(cfg: SFTConfig) -> dict:
                    "aux_loss": None if aux is None else round(aux.item(), 4), "lr": round(lr, 7),
                    "grad_norm": round(grad_norm, 4), "wall_s": round(time.perf_counter() - t0, 2)},
              echo=step % 20 == 0)
-        if step < next_eval and step < cfg.max_steps:
+        out_of_time = bool(cfg.max_wall_s) and time.perf_counter() - t0 >= cfg.max_wall_s
+        if step < next_eval and step < cfg.max_steps and not out_of_time:
             continue
         te = time.perf_counter()
         record = {"step": step, "state_accuracy": round(state_accuracy(shown, enc, held), 4)}
-        if record["state_accuracy"] < cfg.greedy_from:
+        if record["state_accuracy"] < cfg.greedy_from and not out_of_time:
             record.update(eval_s=round(time.perf_counter() - te, 1), wall_s=round(time.perf_counter() - t0, 1))
             _log(log, {"eval": record})
             next_eval = step + cfg.eval_every
@@ -560,6 +615,8 @@ def train(cfg: SFTConfig) -> dict:
                 break
         elif last_success > cfg.band_high and step >= cfg.min_steps:
             break
+        if out_of_time:
+            break
         next_eval = step + cfg.fine_eval_every
 
     if kept is None:
@@ -569,11 +626,14 @@ def train(cfg: SFTConfig) -> dict:
             f"{step}): raise max_steps if it ended below the band, lower fine_eval_every if it jumped over it")
     shown.load_state_dict(kept[0])
     chosen = kept[1]
-    unseen = summarize(greedy_episodes(shown, enc, cfg.unseen_seeds, cfg.env_options))
+    gate = summarize(greedy_episodes(shown, enc, cfg.gate_seeds, cfg.env_options))
+    # Reported only: the test set decides nothing here.
+    test = summarize(greedy_episodes(shown, enc, mc.TEST_SEEDS[: cfg.eval_episodes], cfg.env_options))
     shown.save_pretrained(stage, safe_serialization=True)
     processor.save_pretrained(stage)
     result = {"eval_success": chosen["eval_success"], "state_accuracy": chosen["state_accuracy"],
-              "step": chosen["step"], "unseen_success": unseen["success"], "unseen_ended": unseen["ended"],
+              "step": chosen["step"], "gate_success": gate["success"], "gate_ended": gate["ended"],
+              "test_success": test["success"], "test_ended": test["ended"],
               "wall_s": round(time.perf_counter() - t0, 1), "threads": cfg.threads, "options": asdict(cfg)}
     _log(log, {"result": result}, echo=False)
     log.close()
@@ -598,7 +658,10 @@ def build_warmstart(path: str | Path = mc.WARMSTART) -> dict:
     expert = path.with_name(path.name + ".expert")
     try:
         train(SFTConfig(out=str(expert)))
-        return train(SFTConfig(out=str(path), init=str(expert), **HABIT_STAGE))
+        result = train(SFTConfig(out=str(path), init=str(expert), **HABIT_STAGE))
+        shutil.copy(expert / "sft_log.jsonl", path / "sft_log_expert.jsonl")
+        write_draws(path)
+        return result
     finally:
         shutil.rmtree(expert, ignore_errors=True)
 
@@ -613,13 +676,26 @@ def ensure_warmstart(path: str | Path = mc.WARMSTART) -> Path:
     return path
 
 
+def _yes_no(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give true or false")
+    return text.lower() == "true"
+
+
 def main(argv: list[str] | None = None) -> None:
     """No arguments: the shipped warm start's recipe (both runs). Any field given: one run of train()."""
     ap = argparse.ArgumentParser(prog="python -m examples.maze.sft", description=__doc__.split("\n\n")[0])
     for f in fields(SFTConfig):
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+        kind = _yes_no if isinstance(f.default, bool) else type(f.default)  # bool("false") would be True
+        ap.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
+    ap.add_argument("--record-draws", metavar="DIR", help="only write DIR/draws.json from the SFT logs in DIR")
     argv = sys.argv[1:] if argv is None else argv
-    result = build_warmstart() if not argv else train(SFTConfig(**vars(ap.parse_args(argv))))
+    args = vars(ap.parse_args(argv))
+    folder = args.pop("record_draws")
+    if folder is not None:
+        print(write_draws(Path(folder)).read_text(), end="")
+        return
+    result = build_warmstart() if not argv else train(SFTConfig(**args))
     print(json.dumps(result), flush=True)
 
 

@@ -30,7 +30,8 @@ class Callback:
         on_step_end, "checkpoint" when it saves one. "eval" for every evaluation, just before its on_eval."""
 
     def on_eval(self, trainer, label: str, result: dict) -> None:
-        """An evaluation finished: label "before", "step N", "after" or "unseen"; `result` as in summary.json."""
+        """An evaluation finished: label "before", "test before", "step N", "after" or "test"; `result` as in
+        summary.json."""
 
     def on_step_end(self, trainer, record: dict) -> None:
         """A step finished; `record` is its metrics.jsonl line, not yet written: keys added here are logged."""

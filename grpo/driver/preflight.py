@@ -7,6 +7,7 @@ from pathlib import Path
 
 from grpo.algo.config import ConfigError
 from grpo.config import RunConfig
+from grpo.driver.state import TaskSampler
 
 
 def check_run(config: RunConfig, files: bool = True) -> None:
@@ -23,8 +24,10 @@ def check_run(config: RunConfig, files: bool = True) -> None:
                                     "LoRA adapter was saved to (save_pretrained), or leave it unset")
         if config.adapter is not None:
             _check_adapter_matches_lora(config)
-    # A broken env fails here, not in an actor.
+    # A broken env fails here, not in an actor; so does one with no task left to train on past the eval sets.
     envs.check_env(config.env.name, config.env.options, config.train_seed_offset)
+    TaskSampler(config.env.name, config.env.options, config.train_seed_offset,
+                held_out=config.eval_seeds + config.test_seeds).take(config.tasks_per_step)
     for f in config.fault.faults:
         count = {"rollout": config.cluster.rollout_workers, "train_rank": config.cluster.train_ranks}.get(f.target, 1)
         if f.index >= count or f.step > config.steps:

@@ -106,7 +106,8 @@ class Trainer:
     def _run(self, plan: InjectionPlan) -> dict:
         """Start the actors, restore the last checkpoint and train to the end; an ActorFault ends an attempt."""
         cfg, state = self.config, self._resume_or_begin()
-        sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state.cursor)
+        sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state.cursor,
+                              held_out=cfg.eval_seeds + cfg.test_seeds)
         first = state.step + 1
         if _met(state.evals.get(str(state.step)), cfg.eval.target_success):
             # A run that stopped at its target is done: run again, it reports, it does not train on.
@@ -287,9 +288,14 @@ class Trainer:
         self.pipeline.published(state.version, state.step)
         if state.eval_before is None:
             state.eval_before = earlier.eval_before  # measured before a restart that found no checkpoint
+        early = self._early_eval or (None, None)
         if state.eval_before is None:
-            state.eval_before = self.evaluate(label="before", submitted=self._early_eval)
+            state.eval_before = self.evaluate(label="before", submitted=early[0])
             print(f"[grpo] eval before training: {state.eval_before['success_rate']:.1%}", file=sys.stderr)
+        if state.test_before is None:
+            state.test_before = earlier.test_before
+        if state.test_before is None and self.config.test_seeds:
+            state.test_before = self.evaluate(self.config.test_seeds, label="test before", submitted=early[1])
         self._early_eval = None
         # After a restart in this process the wall clock keeps running from this process's start.
         state.started = earlier.started or time.time() - state.wall_s
@@ -357,7 +363,7 @@ class Trainer:
     def _finish(self) -> dict:
         cfg, state = self.config, self.state
         after = self.evaluate(label="after")
-        unseen = self.evaluate(cfg.unseen_seeds, label="unseen") if cfg.unseen_seeds else None
+        test = self.evaluate(cfg.test_seeds, label="test") if cfg.test_seeds else None
         curve = None
         if cfg.metrics.plots:
             curve = plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png",
@@ -365,10 +371,11 @@ class Trainer:
                                 end={"eval/success_rate": after["success_rate"]})
         summary = {
             "eval_before": state.eval_before["success_rate"], "eval_after": after["success_rate"],
-            "unseen_after": unseen["success_rate"] if unseen else None, "steps": state.step,
+            "test_before": state.test_before["success_rate"] if state.test_before else None,
+            "test_after": test["success_rate"] if test else None, "steps": state.step,
             "grpo_wall_s": round(time.time() - state.started, 1), "adapter_version": state.version,
             "adapter_path": str(Path(self.store_root) / "adapters" / f"v{state.version:06d}"),
-            "evals": state.evals, "eval_after_detail": after, "unseen_after_detail": unseen,
+            "evals": state.evals, "eval_after_detail": after, "test_after_detail": test,
             "curves_png": str(curve) if curve else None, "model": cfg.model,
             # Restarts logged in metrics.jsonl: this process's and those of earlier processes of the run.
             "restarts": self.sink.event_counts.get("restart", 0),
@@ -412,7 +419,9 @@ class Trainer:
         # the train ranks start, not after: the engine serves the base model until the first hot-load.
         fresh = cfg.adapter is None and self.state.eval_before is None and not (
             Path(self.checkpoint_root) / checkpoint.MARKER).exists()
-        self._early_eval = self._submit_eval() if fresh else None
+        self._early_eval = None
+        if fresh:  # the test set too, reported beside the eval before training
+            self._early_eval = (self._submit_eval(), self._submit_eval(cfg.test_seeds) if cfg.test_seeds else None)
         self.group = TrainGroup(cfg.model, c.train_ranks, lora=cfg.lora, algorithm=cfg.algorithm,
                                 train=cfg.train, temperature=cfg.rollout.temperature, total_steps=cfg.steps,
                                 adapter_path=cfg.adapter, dtype=cfg.engine.dtype, gpus_per_rank=share,

@@ -9,13 +9,13 @@ def summary_rows(summary: dict, run_dir: str | Path | None = None) -> list[tuple
     """The rows of the table a finished run prints (fit() and `make maze`)."""
     after = summary.get("eval_after_detail") or {}
     n = after.get("episodes")
-    seeds = f"{n} eval seeds" if n else "eval seeds"
+    seeds = f"{n} validation seeds" if n else "validation seeds"
     rows = [(f"greedy success, {seeds}, before training", _pct(summary.get("eval_before"))),
             (f"greedy success, {seeds}, after training", _pct(summary.get("eval_after")))]
-    unseen = summary.get("unseen_after_detail")
-    if unseen:
-        rows.append((f"greedy success, {unseen['episodes']} unseen seeds, after training",
-                     _pct(unseen["success_rate"])))
+    test = summary.get("test_after_detail")
+    if test:
+        rows += [(f"greedy success, {test['episodes']} test seeds, before training", _pct(summary.get("test_before"))),
+                 (f"greedy success, {test['episodes']} test seeds, after training", _pct(test["success_rate"]))]
     if after.get("mean_reward") is not None:
         rows.append(("mean reward after training (eval)", f"{after['mean_reward']:.3f}"))
     if after.get("stop_reasons"):
