@@ -1,6 +1,7 @@
 """The maze example's configs: the warm start reads its options from the CPU run, the GPU recipe validates
 without a GPU, and every evaluation maze is solvable within each turn limit."""
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,25 @@ def test_the_pipelined_recipe_keeps_cpu_yamls_updates_and_evals_per_episode():
                 c.tasks_per_step * c.checkpoint.every)
     assert per_episode(piped) == per_episode(base)
     assert piped.tasks_per_step < base.tasks_per_step
+
+
+def _block(text: str, begin: str, end: str) -> str:
+    assert begin in text and end in text, f"no {begin} block"
+    return text.split(begin, 1)[1].split(end, 1)[0].strip()
+
+
+def test_readme_maze_figures_are_what_the_result_files_hold():
+    # The figures the two READMEs state are rendered from examples/maze/results/*.json, which the runs write.
+    from examples.maze import baselines, seeds
+
+    results = baselines.load_results()
+    assert {"grpo", "sft"} <= set(results), "run python -m examples.maze.baselines"
+    assert len(results["grpo"]["seeds"]) == 5 and all(len(r["seeds"]) >= 3 for r in results.values())
+    for path, blocks in baselines.BLOCKS.items():
+        for begin, end, render in blocks:
+            assert _block(path.read_text(), begin, end) == render(results), f"{path}: rerun examples.maze.baselines"
+    saved = json.loads((HERE / "results" / "seeds.json").read_text())
+    readme = (HERE / "README.md").read_text()
+    assert _block(readme, seeds.BEGIN, seeds.END) == seeds.table(saved["rows"], saved["tasks_per_step"])
+    # The seed runs the table shows are the GRPO rows of the baselines, seed by seed.
+    assert [r["test_after"] for r in saved["rows"]] == [r["test_after"] for r in results["grpo"]["seeds"]]

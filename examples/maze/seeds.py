@@ -27,6 +27,7 @@ from examples.maze.ablate import _pct, eval_curve, plot
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
 PNG = HERE / "seeds.png"
+RESULTS = HERE / "results"
 BEGIN, END = "<!-- maze-seeds -->", "<!-- /maze-seeds -->"
 
 
@@ -154,6 +155,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.docs:
         write_docs(text)
         PNG.write_bytes(png.read_bytes())
+        RESULTS.mkdir(exist_ok=True)  # what the table is made of, which tests/test_maze_example.py reads back
+        (RESULTS / "seeds.json").write_text(json.dumps({"tasks_per_step": config.tasks_per_step, "rows": rows},
+                                                       indent=1) + "\n")
     print(text)
     print(json.dumps({"seeds": [r["seed"] for r in rows], "reached": [r["reached_step"] for r in rows],
                       "test_after": [r["test_after"] for r in rows]}))
