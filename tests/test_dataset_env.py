@@ -107,7 +107,7 @@ def test_mistakes_are_named(tmp_path, monkeypatch):
 
 
 def test_a_saved_hugging_face_dataset(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets  # the `test` extra installs it
     datasets.DatasetDict({"train": datasets.Dataset.from_list(arithmetic_rows(5))}).save_to_disk(tmp_path / "ds")
     with pytest.raises(ValueError, match=r"splits \['train'\]"):
         load_rows(tmp_path / "ds")
