@@ -20,7 +20,10 @@ def test_doctor_proves_logprob_parity_and_hotload_on_the_tiny_vl(tmp_path, tiny_
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["ok"] and report["hotload_ok"]
-    assert report["logprob_max_abs_diff"] <= 1e-4
+    print(f"doctor: max |vLLM - transformers+peft| = {report['logprob_max_abs_diff']:.2e}")
+    # Measured 1.9e-6 and 2.9e-6 in two runs (the doctor's figure varies by run); the bound is 5x the larger, a bar
+    # of the test's own (report["ok"] holds the doctor's, model_check.TOLERANCE).
+    assert report["logprob_max_abs_diff"] <= 1.5e-5
     assert report["generated_tokens"] > 0
     assert set(report["versions"]) == {"torch", "vllm", "transformers", "peft", "ray"}
     hot = report["hotload"]

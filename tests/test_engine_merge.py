@@ -114,7 +114,14 @@ def _max_gap(model, processor, prompts, gens) -> float:
     with torch.no_grad():
         lp = forward.token_logprobs(model, batch, mask=batch.per_token[0])
     mask = batch.per_token[0].bool()
-    return (lp[mask] - batch.per_token[1][mask]).abs().max().item()
+    gap = (lp[mask] - batch.per_token[1][mask]).abs().max().item()
+    print(f"max |vLLM - trainer| = {gap:.2e} over {int(mask.sum())} tokens")
+    return gap
+
+
+# float32, the same figures in two runs: 9.5e-7 to 1.9e-6 over 128 sampled tokens, a few ulps of the logprobs;
+# the bound is 5x the largest.
+PARITY = 1e-5
 
 
 @pytest.mark.slow
@@ -140,15 +147,15 @@ def test_merged_engine_matches_peft_version_after_version(tiny_text, tmp_path):
 
     engine.load_adapter(versions[0], store.verify(versions[0]).path)
     gens = sample()
-    assert _max_gap(models[0], processor, prompts, gens) <= 1e-4
+    assert _max_gap(models[0], processor, prompts, gens) <= PARITY
 
     engine.load_adapter(versions[1], store.verify(versions[1]).path)
     assert engine.adapter_version == versions[1]
     gens = sample()
-    assert _max_gap(models[1], processor, prompts, gens) <= 1e-4
+    assert _max_gap(models[1], processor, prompts, gens) <= PARITY
     # Teeth: had the engine kept serving the first version, the gap to it would be this small instead.
     assert _max_gap(models[0], processor, prompts, gens) > 1e-2
 
     with models[1].disable_adapter():
-        assert _max_gap(models[1], processor, prompts, sample(use_adapter=False)) <= 1e-4
-    assert _max_gap(models[1], processor, prompts, sample()) <= 1e-4
+        assert _max_gap(models[1], processor, prompts, sample(use_adapter=False)) <= PARITY
+    assert _max_gap(models[1], processor, prompts, sample()) <= PARITY

@@ -84,6 +84,9 @@ def test_vllm_and_the_trainer_agree_on_a_multi_turn_image_conversation(built, na
         trainer = forward.token_logprobs(model, batch, mask=batch.per_token[0])
     sampled = batch.per_token[0].bool()
     assert int(sampled.sum()) > 0
-    gap = (trainer[sampled] - batch.per_token[1][sampled]).abs().max().item()
-    print(f"{name}: max |vLLM - transformers+peft| = {gap:.2e} over {int(sampled.sum())} tokens")
-    assert gap <= 1e-4
+    diff = (trainer[sampled] - batch.per_token[1][sampled]).abs()
+    print(f"{name}: |vLLM - transformers+peft| mean {diff.mean().item():.2e}, max {diff.max().item():.2e} over "
+          f"{int(sampled.sum())} tokens")
+    # float32, the same figures in two runs: mean 3.3e-7 to 6.2e-7, max 9.5e-7 to 3.3e-6 (qwen2-vl), a few ulps
+    # of the logprobs; the bounds are 4x the largest.
+    assert diff.mean().item() <= 2.5e-6 and diff.max().item() <= 1.5e-5

@@ -97,7 +97,12 @@ def test_trainer_forward_reproduces_vllm_logprobs(ray_rollout, tiny_vl, history)
         assert all(len(t.segments) == t.num_turns and all(len(s.images) == 1 for s in t.segments) for t in trajs)
     trainer, sampler = _trainer_logprobs(forward.load_processor(tiny_vl), model, segments)
     assert len(trainer) == sum(t.num_generated for t in trajs) > 0
-    assert (trainer - sampler).abs().max().item() <= 1e-4
+    diff = (trainer - sampler).abs()
+    print(f"history={history}: |vLLM - trainer| mean {diff.mean().item():.2e}, max {diff.max().item():.2e} over "
+          f"{len(trainer)} tokens")
+    # float32, the same figures in two runs: mean 6.9e-7 and max 5.7e-6 (history full), 6.6e-7 and 6.2e-6 (none),
+    # a few ulps of the logprobs of 400 sampled tokens; the bounds are 4x the larger.
+    assert diff.mean().item() <= 3e-6 and diff.max().item() <= 2.5e-5
 
 
 def test_loss_mask_covers_exactly_the_sampled_tokens_and_ids_decode_to_the_conversation(ray_rollout, tiny_vl):

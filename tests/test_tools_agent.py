@@ -52,6 +52,7 @@ def _parity(path, trajs) -> float:
     mask = batch.per_token[0].bool()
     assert mask.sum().item() == sum(t.num_generated for t in trajs) > 0
     diff = (lp[mask] - batch.per_token[1][mask]).abs()
+    print(f"|vLLM - trainer|: mean {diff.mean().item():.2e}, max {diff.max().item():.2e} over {int(mask.sum())} tokens")
     assert diff.mean().item() <= 1e-6, diff.mean().item()
     return diff.max().item()
 
@@ -120,5 +121,7 @@ def test_an_openai_agent_trains_for_two_steps(tmp_path):
     summary = grpo.Trainer(cfg).fit()
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2] and summary["steps"] == 2
-    assert all(r["train"]["sampler_abs_diff_max"] <= 1e-4 for r in lines)
+    print("sampler_abs_diff_max per step:", [r["train"]["sampler_abs_diff_max"] for r in lines])
+    # float32: measured 9.5e-7 and 1.2e-6, a few ulps of the logprobs; the bound is 8x that.
+    assert all(r["train"]["sampler_abs_diff_max"] <= 1e-5 for r in lines)
     assert [r["rollout_adapter_version"] for r in lines] == [1, 2]

@@ -345,7 +345,10 @@ def test_gathered_adapter_serves_in_vllm_and_peft(two_ranks, tiny_vl, tmp_path, 
 
     # The trainer's own alarm: its logprobs of what vLLM sampled, on the weights it just published.
     metrics = group.train_step(batch, [0.0] * len(batch))
-    assert metrics["sampler_abs_diff_max"] <= 1e-4
+    print(f"sampler_abs_diff_max = {metrics['sampler_abs_diff_max']:.2e}")
+    # float32: measured 4.8e-7 here and in peft below, one ulp of a logprob near -5; the bound is 10x that, a few
+    # ulps of logprobs near -20.
+    assert metrics["sampler_abs_diff_max"] <= 5e-6
 
     processor = forward.load_processor(tiny_vl)
     base = forward.load_model(tiny_vl)
@@ -359,7 +362,9 @@ def test_gathered_adapter_serves_in_vllm_and_peft(two_ranks, tiny_vl, tmp_path, 
         lp = forward.token_logprobs(peft_model, b, b.per_token[0])
         with peft_model.disable_adapter():
             base_lp = forward.token_logprobs(peft_model, b, b.per_token[0])
-    assert float((lp[mask] - b.per_token[1][mask]).abs().max()) <= 1e-4
+    gap = float((lp[mask] - b.per_token[1][mask]).abs().max())
+    print(f"published adapter in peft: max |vLLM - peft| = {gap:.2e} over {int(mask.sum())} tokens")
+    assert gap <= 5e-6
     # The check can fail: the base model's logprobs are far from what the adapter sampled.
     assert float((base_lp[mask] - b.per_token[1][mask]).abs().max()) > 1e-2
     assert math.isfinite(metrics["loss"])
