@@ -40,14 +40,15 @@ maze: install
 doctor: install
 	$(VENV)/bin/grpo doctor
 
-# Every benchmark in full mode, each writing its result (benchmarks/results/*.json) with the machine; then the
-# generated tables in the docs are rewritten from those files (a failed benchmark keeps its previous file, and make
-# fails at the end).
-BENCHMARKS := rollout_speed update shared_prompt adapter_sync scaling step env_latency dtype
+# Every benchmark whose result the docs' tables read, in full mode, each writing its result
+# (benchmarks/results/*.json) with the machine; then the generated tables in the docs are rewritten from those
+# files (a failed benchmark keeps its previous file, and make fails at the end). NAME:ARGS runs NAME with ARGS.
+BENCHMARKS := rollout_speed update shared_prompt adapter_sync scaling step env_latency dtype logprob_memory \
+	memory_model generate_vs_hf:--preset=tiny generate_vs_hf:--preset=bench pipeline vs_trl
 bench: install
 	@failed=""; for b in $(BENCHMARKS); do \
 	  start=$$(date +%s); echo "== benchmarks.$$b (load $$(cut -d' ' -f1 /proc/loadavg))"; \
-	  $(PYTHON) -m benchmarks.$$b || failed="$$failed $$b"; \
+	  $(PYTHON) -m benchmarks.$$(echo $$b | tr : ' ') || failed="$$failed $$b"; \
 	  echo "== benchmarks.$$b: $$(( $$(date +%s) - start )) s (load $$(cut -d' ' -f1 /proc/loadavg))"; \
 	done; \
 	$(PYTHON) -m benchmarks.table --write; \

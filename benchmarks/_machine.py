@@ -7,6 +7,7 @@ measured in the same run (fp32 and bf16), against which achieved FLOP/s are judg
 
     from benchmarks._machine import write_result
     write_result("step", result)        # adds result["machine"], writes benchmarks/results/step.json
+                                        # (step-quick.json when result["quick"] is True)
 """
 from __future__ import annotations
 
@@ -118,10 +119,34 @@ def machine_info(peak: bool = True, device: str | None = None) -> dict:
     return info
 
 
+def repo_relative(value):
+    """`value` with every string that names a path under the repository made relative to it (in dicts and lists
+    too): a result file says which model it ran, not where this checkout happens to sit."""
+    if isinstance(value, dict):
+        return {k: repo_relative(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [repo_relative(v) for v in value]
+    if isinstance(value, str) and value.startswith(f"{ROOT}{os.sep}"):
+        return str(Path(value).relative_to(ROOT))
+    return value
+
+
+def result_name(name: str, quick: bool) -> str:
+    """The file stem a result is written under: NAME-quick for a quick run, NAME for a full one, whatever the
+    caller passed, so that a smoke test never stands under a full run's name."""
+    base = name.removesuffix("-quick")
+    return f"{base}-quick" if quick else base
+
+
 def write_result(name: str, result: dict, machine: dict | None = None, results_dir: str | Path = RESULTS) -> Path:
-    """Add result["machine"] (measured now unless given) and write results_dir/NAME.json; returns the path."""
+    """Add result["machine"] (measured now unless given) and write results_dir/NAME.json (NAME-quick.json for a
+    quick run), paths under the repository relative to it; returns the path. The result must say its mode in
+    result["quick"] (True or False): the tables read only files whose own field says full."""
+    if not isinstance(result.get("quick"), bool):
+        raise ValueError(f"result {name!r} has no 'quick' field (True or False): every result records its mode")
     result["machine"] = machine or machine_info()
-    path = Path(results_dir) / f"{name}.json"
+    result.update(repo_relative(result))
+    path = Path(results_dir) / f"{result_name(name, result['quick'])}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path

@@ -3,9 +3,9 @@
     python -m benchmarks._update_side --model M --batch skewed|maze --train '{"tokens_per_micro_batch": 4096}'
 
 Each child builds its batch and a single-process TrainWorker (2 threads), reports "ready", then runs one
-train step each time the parent says go (benchmarks/_turns.py). "today" runs the trainer as it was before
-packing, chunked logprobs and the vision cache (BASELINE, extracted with `git archive` and put first on the
-child's import path): the same batch builders, the trainer of that commit.
+train step each time the parent says go (benchmarks/_turns.py). A baseline contender runs the trainer as it
+was before packing, chunked logprobs and the vision cache (BASELINE, extracted with `git archive` and put first
+on the child's import path): the same batch builders, the trainer of that commit.
 """
 from __future__ import annotations
 
@@ -26,14 +26,18 @@ BASELINE = "7e382a0"  # main before the update's rework (issue 21): right-padded
 LORA_RANK = {"skewed": 32, "maze": 16}
 
 
-def maze_recipe() -> tuple[dict, dict]:
-    """The maze recipe's update (examples/maze/cpu.yaml): its train settings, which the trainer before issue 21
-    also takes, and its algorithm settings that change the update's cost (the old logprobs' source)."""
+# The algorithm both sides of the maze comparison run: BASELINE's, which scores the old logprobs with the
+# trainer (it has no other way). The maze recipe's `old_logprobs: sampler` skips that pass; counting it would
+# count an algorithm change as the trainer's engineering.
+BASELINE_ALGORITHM = {"old_logprobs": "trainer"}
+
+
+def maze_recipe() -> dict:
+    """The maze recipe's train settings (examples/maze/cpu.yaml), which the trainer before issue 21 also takes."""
     from examples.maze.maze_config import CPU_RUN
 
     t = CPU_RUN.train
-    return ({"lr": t.lr, "micro_batch_size": t.micro_batch_size, "updates_per_batch": t.updates_per_batch},
-            {"old_logprobs": CPU_RUN.algorithm.old_logprobs})
+    return {"lr": t.lr, "micro_batch_size": t.micro_batch_size, "updates_per_batch": t.updates_per_batch}
 
 
 def skewed_batch(processor, sequences: int = 16, seed: int = 0):
@@ -60,10 +64,10 @@ def baseline_tree() -> Path:
     return out
 
 
-def contender(name: str, model: str, batch: str, train: dict, episodes: int, work: Path, today: bool = False,
+def contender(name: str, model: str, batch: str, train: dict, episodes: int, work: Path, baseline: bool = False,
               algorithm: dict | None = None):
     env = dict(os.environ)
-    if today:
+    if baseline:
         env[TREE] = str(baseline_tree())
     argv = [sys.executable, "-m", "benchmarks._update_side", "--model", model, "--batch", batch, "--train",
             json.dumps(train), "--algorithm", json.dumps(algorithm or {}), "--episodes", str(episodes)]

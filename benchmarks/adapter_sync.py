@@ -41,9 +41,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="8 versions (about 2 minutes)")
     ap.add_argument("--model", help="a vision-language or text model folder (default: tiny Qwen3-VL, preset bench)")
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench-sync"))
-    ap.add_argument("--out", help="the result file (default: benchmarks/results/sync.json, sync-quick.json "
-                                  "with --quick)")
-    ap.add_argument("--skip-8b-shapes", action="store_true", help="only the bench model's adapter")
+    ap.add_argument("--out", help="the result file (default: benchmarks/results/sync.json; NAME-quick.json for a "
+                                  "quick run)")
+    ap.add_argument("--skip-8b-shapes", action="store_true", help="only the bench model's adapter (a quick run)")
     a = ap.parse_args(argv)
 
     from rollout import runtime
@@ -134,7 +134,8 @@ def main(argv=None) -> dict:
     load_after_bench = round(os.getloadavg()[0], 2)
     seed_size = None if a.skip_8b_shapes else seed_size_sync(run_dir, versions=2 if a.quick else 4)
     result = {
-        "benchmark": "sync", "mode": "quick" if a.quick else "full", "model": model_path,
+        # Without the 8B shapes the run is not the full protocol: it is written as a quick one.
+        "benchmark": "sync", "quick": a.quick or a.skip_8b_shapes, "model": model_path,
         "lora_rank": RANK, "adapter_mb": round(adapter_mb, 3), "versions": versions,
         "publish_and_hotload_ms": round(hot, 2),
         "publish_ms": round(statistics.median(publish_ms), 2),
@@ -158,7 +159,7 @@ def main(argv=None) -> dict:
             {"figure": f"publish + hot-load, rank-32 adapter at Qwen3-VL-8B shapes ({seed_size['adapter_mb']} MB)",
              "value": seed_size["publish_and_hotload_ms"], "unit": "ms", "baseline": seed_size["raw_ms"],
              "baseline_name": "save_file + add_lora", "ratio": seed_size["ratio"]})
-    out = Path(a.out or RESULTS / ("sync-quick.json" if a.quick else "sync.json"))
+    out = Path(a.out or RESULTS / "sync.json")
     write_result(out.stem, result, machine, out.parent)
     print(json.dumps(result))
     return result

@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> dict:
                                f"{args.run_dir}/tasks{tasks}"], cwd=ROOT, capture_output=True, text=True, check=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    result = {"sizes": rows, "rss_ratio": round(rows[-1]["driver_peak_rss_mb"] / rows[0]["driver_peak_rss_mb"], 3),
+    # Only the default sizes are the full protocol.
+    result = {"quick": args.sizes != ap.get_default("sizes"), "sizes": rows,
+              "rss_ratio": round(rows[-1]["driver_peak_rss_mb"] / rows[0]["driver_peak_rss_mb"], 3),
               "episodes_ratio": rows[-1]["episodes"] / rows[0]["episodes"]}
     write_result("driver_memory", result)
     print(json.dumps(result))

@@ -122,7 +122,8 @@ def main(argv=None) -> dict:
               "bf16_engine_vs_bf16_trainer": gap(samples["bfloat16"], "bfloat16")}
     peaks = machine["matmul_peak"]
     result = {
-        "benchmark": "dtype", "mode": "quick" if a.quick else "full", "model": "bench Qwen3-VL, LoRA r32",
+        "benchmark": "dtype", "quick": a.quick,
+        "model": "bench Qwen3-VL, LoRA r32",
         "matmul_bf16_over_fp32": peaks["bf16_over_fp32"],
         "update_tokens_per_s": update, "update_bf16_over_fp32": round(update["bfloat16"] / update["float32"], 3),
         "rollout_tokens_per_s": rollout, "rollout_bf16_over_fp32": round(rollout["bfloat16"] / rollout["float32"], 3),
@@ -138,7 +139,7 @@ def main(argv=None) -> dict:
          "value": parity["bf16_engine_vs_fp32_trainer"]["max_abs"],
          "baseline": parity["fp32_engine_vs_fp32_trainer"]["max_abs"], "baseline_name": "fp32 engine"},
     ]
-    write_result("dtype-quick" if a.quick else "dtype", result, machine)
+    write_result("dtype", result, machine)
     print(json.dumps(result))
     return result
 

@@ -1,36 +1,43 @@
-"""Rollout step time against environment latency: env calls on a thread pool vs one after another.
+"""Rollout step time against environment latency: the worker's env calls on a thread pool against a plain loop.
 
-    python -m benchmarks.env_latency [--latencies 0,0.1,0.5] [--model PATH]
+    python -m benchmarks.env_latency [--quick] [--latencies 0,0.1,0.5] [--model PATH]
 
 A fixed small rollout (4 tasks x 4 episodes, 3 turns each, tiny text model, in-process vLLM) on an env
 whose `reset` and `step` sleep for the given latency, as a sandbox or simulator call would. Each latency
-runs with `env_workers=64` (every live episode's call at once) and `env_workers=1` (one call after another,
-the worker's behaviour before the pool). One-at-a-time, a step waits episodes x (turns + 1) x latency; with
-the pool about (turns + 1) x latency. The last line printed is one JSON object; it is also written to
-benchmarks/results/env_latency.json, with a plot in env_latency.png.
+runs two ways on the same vLLM engine:
+- pool: the rollout worker with `env_workers=64` (every live episode's call at once);
+- plain: what a user writes without this engine, the loop a single-turn trainer's rollout grows into: each
+  turn one `LLM.generate` over the live episodes' chat prompts, then each episode's env call, one after
+  another (the env called synchronously per episode, resets too).
+The plain loop waits episodes x (turns + 1) x latency on its env; the pool about (turns + 1) x latency. At
+latency 0 the two differ by the worker's bookkeeping against the bare loop's. The last line printed is one
+JSON object; it is also written to benchmarks/results/env_latency.json (env_latency-quick.json with --quick or
+other latencies), with a plot beside it.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
-from benchmarks._machine import RESULTS, ROOT
+from benchmarks._machine import ROOT, machine_info, write_result
 
-TASKS, GROUP, TURNS = 4, 4, 3
+TASKS, GROUP, TURNS, MAX_TOKENS = 4, 4, 3, 8
+LATENCIES = "0,0.1,0.5"
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--latencies", default="0,0.1,0.5", help="seconds each reset and step sleeps, comma-separated")
+    ap.add_argument("--quick", action="store_true", help=f"latencies 0 and 0.1 only (the full run: {LATENCIES})")
+    ap.add_argument("--latencies", default=None, help=f"seconds each reset and step sleeps, comma-separated "
+                                                      f"(default {LATENCIES})")
     ap.add_argument("--model", help="a text model folder (default: the tiny text model, built here)")
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench-env-latency"))
     a = ap.parse_args(argv)
-    latencies = [float(x) for x in a.latencies.split(",")]
+    chosen = a.latencies or ("0,0.1" if a.quick else LATENCIES)
+    latencies = [float(x) for x in chosen.split(",")]
 
     from rollout import runtime
 
@@ -62,26 +69,61 @@ def main(argv=None) -> dict:
 
     envs.register("sleepy", Sleepy, overwrite=True)
     model = a.model or str(tiny_models.build("text", run_dir / "models" / "tiny-text", seed=0))
+    machine = machine_info(peak=False)  # before vLLM, which binds this process's OpenMP threads for itself
     worker = RolloutWorker(EngineConfig(model=model, enable_lora=False, max_model_len=512), worker_id="bench")
+    seeds = [3_000_000 + i for i in range(TASKS)]
 
-    def step(latency: float, env_workers: int) -> dict:
-        tasks = [Task("sleepy", 3_000_000 + i, {"latency": latency}) for i in range(TASKS)]
-        config = RolloutConfig(max_tokens_per_turn=8, env_workers=env_workers)
+    def pool(latency: float) -> dict:
+        tasks = [Task("sleepy", seed, {"latency": latency}) for seed in seeds]
+        config = RolloutConfig(max_tokens_per_turn=MAX_TOKENS, env_workers=64)
         trajs, stats = worker.rollout(tasks, GROUP, config)
         assert all(t.num_turns == TURNS for t in trajs)
         return {"step_s": stats.wall_s, "env_s": stats.env_s, "engine_s": stats.engine_s}
 
-    step(0.0, 64)  # warm-up: vLLM's first calls are several times slower
+    def plain(latency: float) -> dict:
+        from vllm import SamplingParams
+
+        llm, params = worker.engine.llm, SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0)
+        tokenizer = llm.get_tokenizer()
+        t0, env_s, engine_s = time.perf_counter(), 0.0, 0.0
+        live = []
+        for seed in seeds:
+            for _ in range(GROUP):
+                env, t = Sleepy(latency), time.perf_counter()
+                obs = env.reset(seed)
+                env_s += time.perf_counter() - t
+                live.append((env, [{"role": "user", "content": obs.text}]))
+        turns = 0
+        while live:
+            prompts = [tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+                       for _, chat in live]
+            t = time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            engine_s += time.perf_counter() - t
+            turns += len(live)
+            going = []
+            for (env, chat), out in zip(live, outs):
+                reply, t = out.outputs[0].text, time.perf_counter()
+                result = env.step(reply)
+                env_s += time.perf_counter() - t
+                if not result.done:
+                    going.append((env, chat + [{"role": "assistant", "content": reply},
+                                               {"role": "user", "content": result.observation.text}]))
+            live = going
+        assert turns == TASKS * GROUP * TURNS
+        return {"step_s": time.perf_counter() - t0, "env_s": env_s, "engine_s": engine_s}
+
+    pool(0.0)  # warm-up: vLLM's first calls are several times slower
+    plain(0.0)
     rows = []
     for latency in latencies:
         # With a free env the two differ only by engine noise: best of 3 there, one run where sleeps dominate.
         repeats = 3 if latency == 0 else 1
         row = {"latency_s": latency}
-        for name, env_workers in (("pool", 64), ("one", 1)):
-            runs = [step(latency, env_workers) for _ in range(repeats)]
-            best = min(runs, key=lambda r: r["step_s"])
+        for name, way in (("pool", pool), ("plain", plain)):
+            best = min((way(latency) for _ in range(repeats)), key=lambda r: r["step_s"])
             row.update({f"{name}_{k}": round(v, 3) for k, v in best.items()})
-        row["speedup"] = round(row["one_step_s"] / row["pool_step_s"], 2)
+        row["speedup"] = round(row["plain_step_s"] / row["pool_step_s"], 2)
         rows.append(row)
         print(json.dumps(row), file=sys.stderr)
     worker.shutdown()
@@ -89,30 +131,18 @@ def main(argv=None) -> dict:
     episodes, calls = TASKS * GROUP, TURNS + 1
     top = rows[-1]
     result = {
-        "benchmark": "env_latency", "model": a.model or "tiny-text", "episodes": episodes,
-        "env_calls_per_episode": calls, "env_workers": {"pool": 64, "one": 1},
-        "rows": rows,
+        "benchmark": "env_latency", "quick": chosen != LATENCIES, "model": a.model or "tiny-text",
+        "episodes": episodes, "env_calls_per_episode": calls, "env_workers_pool": 64, "rows": rows,
         "headline": [{"figure": f"rollout step with a {top['latency_s']:g} s env ({episodes} episodes x {calls} env "
-                                "calls), env calls on a thread pool", "value": top["pool_step_s"], "unit": "s",
-                      "baseline": top["one_step_s"], "baseline_name": "one env call after another",
+                                "calls), the worker's env calls on a thread pool", "value": top["pool_step_s"],
+                      "unit": "s", "baseline": top["plain_step_s"],
+                      "baseline_name": "plain loop: LLM.generate a turn, env calls one after another",
                       "ratio": top["speedup"]}],
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "cpu": _cpu_model(),
-                    "load_average": round(os.getloadavg()[0], 2), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                          time.gmtime())},
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "env_latency.json").write_text(json.dumps(result, indent=1) + "\n")
-    _plot(rows, RESULTS / "env_latency.png", episodes, calls)
+    path = write_result("env_latency", result, machine)
+    _plot(rows, path.with_suffix(".png"), episodes, calls)
     print(json.dumps(result))
     return result
-
-
-def _cpu_model() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
 
 
 def _plot(rows: list[dict], path: Path, episodes: int, calls: int) -> None:
@@ -123,7 +153,7 @@ def _plot(rows: list[dict], path: Path, episodes: int, calls: int) -> None:
 
     x = [r["latency_s"] for r in rows]
     fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
-    ax.plot(x, [r["one_step_s"] for r in rows], "o-", label="one env call after another")
+    ax.plot(x, [r["plain_step_s"] for r in rows], "o-", label="plain loop, env calls one after another")
     ax.plot(x, [r["pool_step_s"] for r in rows], "o-", label="env calls on a thread pool")
     ax.set_xlabel("env latency per reset/step (s)")
     ax.set_ylabel("rollout step (s)")

@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
             n = call()
             times[name].append(time.perf_counter() - t)
             tokens[name].append(n)
-    result = {"benchmark": "generate_vs_hf", "preset": a.preset, "requests": len(prompts), "max_tokens": 32,
+    result = {"benchmark": "generate_vs_hf", "quick": a.repeats < ap.get_default("repeats"), "preset": a.preset,
+              "requests": len(prompts), "max_tokens": 32,
               "threads": torch.get_num_threads(), "load_average": round(os.getloadavg()[0], 2),
               "seconds_median": {k: round(statistics.median(v[1:]), 4) for k, v in times.items()},
               "tokens_median": {k: statistics.median(v[1:]) for k, v in tokens.items()},

@@ -31,7 +31,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks._machine import ROOT, machine_info, matmul_peak
+from benchmarks._machine import ROOT, machine_info, matmul_peak, write_result
 
 # Qwen/Qwen3-VL-8B-Instruct config.json, "text_config" (published values).
 TEXT_CONFIG = dict(
@@ -244,13 +244,13 @@ def run(work: Path, out: Path) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("gpu_bench: no CUDA device visible; on a CPU machine run --dry-run")
     w = WORKLOAD
-    result = {"benchmark": "gpu", "mode": "full", "workload": w, "machine": machine_info(peak=False)}
+    # Quick until its last phase is done: a run cut short leaves a partial result the tables must not read.
+    result = {"benchmark": "gpu", "quick": True, "workload": w, "machine": machine_info(peak=False)}
     peak = matmul_peak("bfloat16", "cuda")
     result["bf16_matmul_peak_tflops"] = round(peak / 1e12, 1)
 
     def save() -> None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        write_result(out.stem, result, result["machine"], out.parent)
 
     t = time.perf_counter()
     config = model_config()
@@ -363,6 +363,7 @@ def run(work: Path, out: Path) -> dict:
         {"figure": "vLLM sleep / wake", "value": result["sleep_s"], "unit": "s",
          "baseline": result["wake_s"], "baseline_name": "wake"},
     ]
+    result["quick"] = False
     save()
     worker.shutdown()
     trainer.close()

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     cases = measured(a.preset, Path(a.work), BUDGETS[mode])
     table = qwen3_vl_8b()
     worst = max(cases, key=lambda r: abs(r["ratio"] - 1))
-    result = {"benchmark": "memory_model", "mode": mode, "lora_rank": LORA_RANK, "dtype": "float32",
+    result = {"benchmark": "memory_model", "quick": a.quick, "lora_rank": LORA_RANK, "dtype": "float32",
               "cases": cases, "qwen3_vl_8b": {"lora_rank": LORA_RANK, "dtype": "bfloat16",
                                               "image_share": IMAGE_SHARE, "rows": table}}
     fit = {r["tokens"]: r["total_gib"] for r in table if r["ranks"] == 8 and not r["checkpointing"]}
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
         {"figure": "Qwen3-VL-8B LoRA r32 bf16, 8 ranks, no checkpointing: predicted peak per rank at 32768 tokens",
          "value": fit[32768], "unit": "GiB"},
     ]
-    write_result("memory_model-quick" if a.quick else "memory_model", result)
+    write_result("memory_model", result)
     print(json.dumps(result))
     return result
 

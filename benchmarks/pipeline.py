@@ -14,7 +14,11 @@ s)). Reward: 1/turns for each reply holding a digit, so groups differ. Parts, tw
 - async_vs_sync_tool_env: grpo.Trainer on the tool env (32 tasks x G=2, tiny text model, LoRA r16, one train
   rank, one local Ray node): max_staleness 1 with continuous rollouts against the synchronous loop (k=0,
   lockstep). On 2 quiet cores the continuous rollout takes about 4 s, lockstep's 9 s and the update 1-2 s
-  (2-3 s under load); the rollout is mostly env waits, so the update runs on the cores it leaves idle.
+  (2-3 s under load); the rollout is mostly env waits, so the update runs on the cores it leaves idle. Two
+  changes at once (the schedule and the pipeline): the parts below take them apart.
+- async_vs_sync_same_schedule_tool_env: the same, continuous rollouts at both k: the pipeline's own gain. Its
+  k=0 run over async_vs_sync_tool_env's is the schedule's own gain in training
+  (continuous_vs_lockstep_sync_tool_env).
 - async_vs_sync_disaggregated: a Ray test cluster whose rollout node's raylet starts on core 0 and train node's
   on core 1; every process inherits its raylet's affinity (read back from /proc/PID/task/*/status of both
   actors: `pinned`), so each side has a core of its own as on separate machines and the synchronous loop
@@ -41,7 +45,10 @@ logprob_gap_max_async: over the k=1 steps, where it includes one update's change
 The last line printed is one JSON object, also written to benchmarks/results/pipeline.json (pipeline-quick.json
 with --quick): the ratios at its top level (continuous_vs_lockstep, async_vs_sync_tool_env,
 async_vs_sync_disaggregated: the maze's, async_vs_sync_disaggregated_tool_env, colocated_maze; steps/s, k=1
-over k=0, or episodes/s, continuous over lockstep), each part's details under "parts". Run folders go under
+over k=0, or episodes/s, continuous over lockstep), and beside them the k=1 over k=0 ratios of the pairs whose
+two sides ran the same schedule (async_vs_sync_same_schedule_tool_env, async_vs_sync_same_schedule_disaggregated:
+the maze's, ..._disaggregated_tool_env; None where the schedules differ) and continuous_vs_lockstep_sync_tool_env;
+each part's details under "parts". A run of some parts only is written as a quick one. Run folders go under
 runs/bench-pipeline/.
 """
 from __future__ import annotations
@@ -63,7 +70,8 @@ import grpo  # noqa: E402
 from benchmarks._machine import ROOT, fresh_run_dir, write_result  # noqa: E402
 
 SEED, LAT_MIN, LAT_MAX, PARETO_ALPHA, TURNS = 0, 0.05, 2.0, 1.0, (2, 6)
-PARTS = ("continuous_vs_lockstep", "async_vs_sync_tool_env", "async_vs_sync_disaggregated", "colocated_maze")
+PARTS = ("continuous_vs_lockstep", "async_vs_sync_tool_env", "async_vs_sync_same_schedule_tool_env",
+         "async_vs_sync_disaggregated", "colocated_maze")
 MODES = {"quick": {"rounds": 3, "tool_steps": 6, "maze_steps": 6},
          "full": {"rounds": 5, "tool_steps": 12, "maze_steps": 12}}
 TOOL_TASKS, TOOL_GROUP = 32, 2
@@ -248,6 +256,17 @@ def async_vs_sync_tool_env(work: Path, model: str, mode: dict) -> dict:
                                                   "continuous" if k else "lockstep", LOCAL))
 
 
+def async_vs_sync_same_schedule_tool_env(work: Path, model: str, mode: dict) -> dict:
+    """async_vs_sync_tool_env with continuous rollouts on both sides: what k=1 adds to the schedule alone."""
+    return pair("tool env, continuous at both k", lambda k: tool_config(work, model, "tool-continuous", k,
+                                                                        mode["tool_steps"], "continuous", LOCAL))
+
+
+def same_schedule(p: dict | None) -> float | None:
+    """A pair's k=1 over k=0 ratio where both sides ran the same rollout schedule (read from the runs), else None."""
+    return p["ratio"] if p and p["k0"]["schedule"] == p["k1"]["schedule"] else None
+
+
 def async_vs_sync_disaggregated(work: Path, model: str, mode: dict) -> dict:
     """Ray's multi-node test cluster (tests/test_recovery.py): a head with no CPUs, a rollout node started on
     core 0 and a train node on core 1; each raylet and the actors it spawns inherit its affinity."""
@@ -303,13 +322,20 @@ def headline(parts: dict) -> list[dict]:
                      "baseline": p["median"]["lockstep"]["episodes_per_s"], "baseline_name": "lockstep",
                      "ratio": p["ratio"]})
     split = parts.get("async_vs_sync_disaggregated", {})
-    for p, what in ((parts.get("async_vs_sync_tool_env"), "tool env, 2 shared cores, k=1 with continuous rollouts"),
+    for p, what in ((parts.get("async_vs_sync_same_schedule_tool_env"), "tool env, 2 shared cores"),
                     (split.get("maze"), "maze step, rollout and training on 2 Ray nodes of 1 core each"),
                     (split.get("tool"), "tool env, rollout and training on 2 Ray nodes of 1 core each")):
         if p:
             rows.append({"figure": f"GRPO steps/s, rollouts 1 step ahead of the trainer against the synchronous "
-                                   f"loop ({what})", "value": p["k1"]["steps_per_s"], "unit": "steps/s",
-                         "baseline": p["k0"]["steps_per_s"], "baseline_name": "max_staleness 0", "ratio": p["ratio"]})
+                                   f"loop, both {p['k0']['schedule']} ({what})", "value": p["k1"]["steps_per_s"],
+                         "unit": "steps/s", "baseline": p["k0"]["steps_per_s"], "baseline_name": "max_staleness 0",
+                         "ratio": p["ratio"]})
+    p = parts.get("async_vs_sync_tool_env")
+    if p:  # two changes at once: the schedule and the pipeline; the rows above take them one at a time
+        rows.append({"figure": "GRPO steps/s, k=1 with continuous rollouts against k=0 with lockstep (tool env, 2 "
+                               "shared cores): schedule and pipeline together", "value": p["k1"]["steps_per_s"],
+                     "unit": "steps/s", "baseline": p["k0"]["steps_per_s"],
+                     "baseline_name": "max_staleness 0, lockstep", "ratio": p["ratio"]})
     return rows
 
 
@@ -321,6 +347,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-write", action="store_true", help="print only; leave benchmarks/results alone")
     a = ap.parse_args(argv)
     names = [p for p in a.parts.split(",") if p]
+    quick = a.quick or set(names) != set(PARTS)  # a run of some parts only is not the full protocol
     if not set(names) <= set(PARTS):
         ap.error(f"unknown parts {sorted(set(names) - set(PARTS))}: choose from {', '.join(PARTS)}")
     from rollout import runtime
@@ -334,7 +361,7 @@ def main(argv: list[str] | None = None) -> dict:
     mode = MODES["quick" if a.quick else "full"]
     loads = [round(os.getloadavg()[0], 2)]
     log(f"parts {names}, mode {mode}")
-    result = {"benchmark": "pipeline", "quick": a.quick, "mode": mode, "parts": {},
+    result = {"benchmark": "pipeline", "quick": quick, "mode": mode, "parts": {},
               "tool_env": f"step latency Pareto(x_min={LAT_MIN}, alpha={PARETO_ALPHA}) clipped to [{LAT_MIN}, "
                           f"{LAT_MAX}] s, keyed on (seed, task seed, turn); {TURNS[0]}-{TURNS[1]} turns"}
     for name in names:
@@ -352,11 +379,20 @@ def main(argv: list[str] | None = None) -> dict:
                                                                       "async_vs_sync_tool_env", "colocated_maze")})
     result["async_vs_sync_disaggregated"] = split.get("maze", {}).get("ratio")
     result["async_vs_sync_disaggregated_tool_env"] = split.get("tool", {}).get("ratio")
+    # k=1 against k=0 with nothing else changed: the pipeline's own gain, apart from the schedule's.
+    result["async_vs_sync_same_schedule_tool_env"] = same_schedule(parts.get("async_vs_sync_same_schedule_tool_env"))
+    result["async_vs_sync_same_schedule_disaggregated"] = same_schedule(split.get("maze"))
+    result["async_vs_sync_same_schedule_disaggregated_tool_env"] = same_schedule(split.get("tool"))
+    # The schedule's own gain in training, at k=0: the synchronous loop, continuous over lockstep.
+    lockstep, continuous = (parts.get(n, {}).get("k0") for n in ("async_vs_sync_tool_env",
+                                                                "async_vs_sync_same_schedule_tool_env"))
+    result["continuous_vs_lockstep_sync_tool_env"] = (
+        round(continuous["steps_per_s"] / lockstep["steps_per_s"], 3) if lockstep and continuous else None)
     result["headline"] = headline(result["parts"])
     result["load_average_during"] = loads
     result["wall_s"] = round(time.perf_counter() - T0, 1)
     if not a.no_write:
-        write_result("pipeline-quick" if a.quick else "pipeline", result)
+        write_result("pipeline", result)
     print(json.dumps(result))
     return result
 

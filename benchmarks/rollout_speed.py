@@ -150,7 +150,7 @@ def main(argv=None) -> dict:
          "baseline_name": "LLM.generate replaying its calls", "ratio": result["ratio"]},
         {"figure": "trainer-vs-vLLM logprob max abs diff (rollout)", "value": result["logprob_max_abs_diff"]},
     ]
-    write_result("rollout-quick" if a.quick else "rollout", result, machine)
+    write_result("rollout", result, machine)
     print(json.dumps(result))
     return result
 

@@ -177,16 +177,14 @@ def main(argv=None) -> dict:
     cfg = MODES[mode]
     # Before vLLM starts: in-process, it binds this process's OpenMP threads for itself.
     machine = machine_info(peak=not a.quick)
-    result = {"benchmark": "scaling", "mode": mode}
+    result = {"benchmark": "scaling", "quick": a.quick or set(parts) != {"rollout", "update"}}
     if "update" in parts:
         result["update"] = update_curves(run_dir, cfg)
     if "rollout" in parts:
         result["rollout"] = rollout_curves(run_dir, cfg)
     result["headline"] = headline(result)
-    name = "scaling-quick" if a.quick else "scaling"
-    out_dir = Path(a.out_dir)
-    write_result(name, result, machine, out_dir)
-    plot(result, out_dir / f"{name}.png")
+    path = write_result("scaling", result, machine, Path(a.out_dir))
+    plot(result, path.with_suffix(".png"))
     print(json.dumps(result))
     return result
 

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
                    f"{c['tokens']} tokens, {c['tokens_run_shared']} run shared)",
          "value": c["step_s"]["shared"], "unit": "s", "baseline": c["step_s"]["padded"],
          "baseline_name": "padded micro-batch", "ratio": c["ratio"]} for name, c in cases.items()]
-    write_result("shared_prompt-quick" if a.quick else "shared_prompt", result, machine_info(peak=False))
+    write_result("shared_prompt", result, machine_info(peak=False))
     print(json.dumps(result))
     return result
 

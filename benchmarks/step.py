@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> dict:
     runtime.configure(work / "run", runtime.shared_cache_dir(work / "run"))
     mode = MODES["quick" if a.quick else "full"]
     loads = [os.getloadavg()[0]]
-    result = {"benchmark": "step", "quick": a.quick, "workloads": {}}
+    # Fewer steps or workloads than the mode's are not the full protocol either.
+    full = not a.quick and set(names) == set(WORKLOADS) and (a.steps is None or a.steps >= max(mode.values()))
+    result = {"benchmark": "step", "quick": not full, "workloads": {}}
     for name in names:
         fresh_run_dir(work / name)
         result["workloads"][name] = run_workload(name, work, a.steps or mode[name])

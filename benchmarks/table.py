@@ -1,12 +1,14 @@
-"""The docs' benchmark figures, generated from benchmarks/results/*.json (never typed by hand; *-quick.json skipped).
+"""The docs' benchmark figures, generated from benchmarks/results/*.json (never typed by hand; full runs only).
 
     python -m benchmarks.table            # print the full table (Markdown)
     python -m benchmarks.table --write    # rewrite every generated block in README.md and docs/benchmarks.md
     python -m benchmarks.table --check    # exit 1 if a generated block is not what the result files give
 
 A generated block sits between `<!-- NAME -->` and `<!-- /NAME -->` in a doc; BLOCKS names each block and the
-function that writes it. A result names its figures in "headline": a list of rows {"figure", "value", "unit",
-"baseline", "baseline_name", "ratio"} (baseline, baseline_name and ratio optional). A result without a
+function that writes it. Only full runs feed the blocks, judged by each file's own "quick" field (False), never
+by its name: a quick run, or a file that does not say, is left out. A result names its figures in "headline":
+a list of rows {"figure", "value", "unit", "baseline", "baseline_name", "ratio", "ratio_range"} (all but figure
+and value optional; ratio_range [min, max] over repeated runs, shown beside the ratio). A result without a
 headline contributes one row per top-level number whose key starts with "ratio". The machine and date
 columns come from the "machine" block benchmarks/_machine.py writes.
 """
@@ -28,8 +30,8 @@ HEADER = ("| benchmark | figure | value | baseline | ratio | machine | date |\n"
           "|---|---|---|---|---|---|---|")
 # Short names of the ISA flags that decide the kernels (the rest of the list is in the JSON).
 ISA_SHORT = {"amx_bf16": "AMX-BF16", "avx512f": "AVX-512", "avx2": "AVX2"}
-# The README's short table: the first headline row of each of these results, then the comparison with TRL.
-HEADLINE = ("rollout", "update", "sync", "env_latency")
+# The README's short table: each result's first headline rows, as many as given.
+HEADLINE = {"rollout": 1, "update": 1, "sync": 1, "env_latency": 1, "vs_trl": 2}
 # benchmarks/step.py's parts of a step, in the order a step runs them.
 STEP_PARTS = {"rollout_engine_s": "rollout: vLLM generate", "rollout_env_and_bookkeeping_s": "rollout: env and worker",
               "rollout_ray_s": "rollout: Ray", "advantages_s": "advantages",
@@ -90,6 +92,8 @@ def _cells(row: dict) -> tuple[str, str, str]:
     elif row.get("baseline_name"):
         baseline = row["baseline_name"]
     ratio = number(row["ratio"]) if row.get("ratio") is not None else ""
+    if row.get("ratio_range"):
+        ratio += " ({}-{})".format(*(number(x) for x in row["ratio_range"]))
     return f"{number(row['value'])}{unit}", baseline, ratio
 
 
@@ -102,10 +106,15 @@ def render_row(name: str, row: dict, machine: dict | None) -> str:
     return _line([name, row["figure"], *_cells(row), machine_cell(machine), date])
 
 
+def full_run(result: dict) -> bool:
+    """Whether a result says it is a full run: its own field, whatever its file is called."""
+    return result.get("quick") is False
+
+
 def load(results_dir: str | Path = RESULTS) -> dict[str, dict]:
-    """Every full-mode result by its file's stem, in name order (a quick mode's smoke figures are left out)."""
-    return {path.stem: json.loads(path.read_text()) for path in sorted(Path(results_dir).glob("*.json"))
-            if not path.stem.endswith("-quick")}
+    """Every full-run result by its file's stem, in name order (quick runs' smoke figures are left out)."""
+    results = {path.stem: json.loads(path.read_text()) for path in sorted(Path(results_dir).glob("*.json"))}
+    return {name: result for name, result in results.items() if full_run(result)}
 
 
 def table(results_dir: str | Path = RESULTS) -> str:
@@ -115,38 +124,25 @@ def table(results_dir: str | Path = RESULTS) -> str:
     return "\n".join(lines)
 
 
-def vs_trl_rows(result: dict) -> list[dict]:
-    """One row per model size of benchmarks/vs_trl.py: our median step time against TRL's faster side."""
-    out = []
-    for size in result.get("sizes", {}).values():
-        sides, trl = size["sides"], size.get("trl_faster_side")
-        if "engine" not in sides or trl not in sides:
-            continue
-        out.append({"figure": f"single-turn GRPO step time, {size['model_preset']} model, against TRL GRPOTrainer",
-                    "value": sides["engine"]["step_s_median"], "unit": "s",
-                    "baseline": sides[trl]["step_s_median"], "baseline_name": trl, "ratio": size["ratio_vs_trl"]})
-    return out
-
-
 def headline(results_dir: str | Path = RESULTS) -> str:
     results = load(results_dir)
     lines = ["| benchmark | figure | grpo | baseline | ratio |", "|---|---|---|---|---|"]
-    for name in HEADLINE:
-        first = rows(name, results.get(name, {}))[:1]
-        lines += [_line([name, row["figure"], *_cells(row)]) for row in first]
-    lines += [_line(["vs_trl", row["figure"], *_cells(row)]) for row in vs_trl_rows(results.get("vs_trl", {}))]
+    for name, count in HEADLINE.items():
+        lines += [_line([name, row["figure"], *_cells(row)]) for row in rows(name, results.get(name, {}))[:count]]
     return "\n".join(lines)
 
 
 def vs_trl(results_dir: str | Path = RESULTS) -> str:
+    """benchmarks/vs_trl.py per size and side: medians over the repeats, the median step's range beside it."""
     result = load(results_dir).get("vs_trl", {})
-    lines = ["| model | side | ready after launch | median step | median generate | completion tokens/s |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| model | side | runs | ready after launch | median step (range over runs) | median generate | "
+             "completion tokens/s |", "|---|---|---|---|---|---|---|"]
     for size in result.get("sizes", {}).values():
         for side, s in size["sides"].items():
-            lines.append(_line([size["model_preset"], side, f"{number(s['ready_s'])} s",
-                                f"{number(s['step_s_median'])} s", f"{number(s['generate_s_median'])} s",
-                                number(s["completion_tokens_per_s"])]))
+            low, high = s["step_s_range"]
+            lines.append(_line([size["model_preset"], side, s["repeats"], f"{number(s['ready_s'])} s",
+                                f"{number(s['step_s_median'])} s ({number(low)}-{number(high)})",
+                                f"{number(s['generate_s_median'])} s", number(s["completion_tokens_per_s"])]))
     return "\n".join(lines)
 
 

@@ -12,9 +12,9 @@ The contenders take turns, step by step, while the others idle, and each reports
 machine is shared: the best is the least disturbed; the JSON records the load average around the run).
 Then packing_and_precision: packed rows against padded micro-batches on sequences of 32 to 2048 tokens
 (`packed_vs_padded_skewed`, and bf16 and activation checkpointing beside them), the maze step's update
-against the trainer before issue 21 (`maze_train_time_ratio`: today's padded recipe over the old one;
-`maze_packed_vs_today`), and the logprob computation's peak memory at a 151k vocabulary
-(`logprob_peak_memory_ratio`, chunked over full logits).
+against the trainer before issue 21 (`maze_train_time_ratio`: today's padded recipe over the old one, both at
+the old one's algorithm settings; `maze_packed_vs_baseline`), and the logprob computation's peak memory at a
+151k vocabulary (`logprob_peak_memory_ratio`, chunked over full logits).
 The last line printed is one JSON object, also written to benchmarks/results/update.json (update-quick.json
 with --quick) with the machine (benchmarks/_machine.py).
 """
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from benchmarks._machine import RESULTS, ROOT, machine_info, matmul_peak, peaks, write_result
-from benchmarks._update_side import BASELINE, contender, maze_recipe, race, skewed_batch
+from benchmarks._update_side import BASELINE, BASELINE_ALGORITHM, contender, maze_recipe, race, skewed_batch
 from rollout import runtime
 
 runtime.configure(ROOT / "runs" / "bench")  # before torch: OMP_WAIT_POLICY is read when OpenMP starts
@@ -190,8 +190,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--kind", choices=("vl", "text"), default="vl")
     ap.add_argument("--preset", default="bench", help="a grpo.tools.tiny_models preset")
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench"))
-    ap.add_argument("--out", help="the result file (default: benchmarks/results/update.json, update-quick.json "
-                                  "with --quick)")
+    ap.add_argument("--out", help="the result file (default: benchmarks/results/update.json; NAME-quick.json for "
+                                  "a quick run)")
     a = ap.parse_args(argv)
     from grpo.learner import forward
     from grpo.tools import tiny_models
@@ -238,7 +238,7 @@ def main(argv=None) -> dict:
     achieved = flops / fsdp_s
     params = sum(p.numel() for p in loop.model.parameters())
     result = {
-        "benchmark": "update", "mode": mode,
+        "benchmark": "update", "quick": a.quick,
         "model": {"kind": a.kind, "preset": a.preset, "params": params,
                   "trainable_params": sum(p.numel() for p in loop.params), "lora_rank": LORA_RANK,
                   "dtype": "float32"},
@@ -271,15 +271,16 @@ def main(argv=None) -> dict:
          "baseline": result["skewed"]["tokens_per_s"]["padded"], "baseline_name": "padded, 8 a micro-batch",
          "ratio": result["packed_vs_padded_skewed"]},
         {"figure": f"maze step's update ({result['maze']['segments']} turns), seconds, against the trainer before "
-                   "issue 21", "value": result["maze"]["step_s"]["padded"], "unit": "s",
-         "baseline": result["maze"]["step_s"]["today_beside_padded"], "baseline_name": f"commit {BASELINE}",
+                   "issue 21, both with old logprobs from the trainer", "value": result["maze"]["step_s"]["padded"],
+         "unit": "s",
+         "baseline": result["maze"]["step_s"]["baseline_beside_padded"], "baseline_name": f"commit {BASELINE}",
          "ratio": result["maze_train_time_ratio"]},
         {"figure": "logprob computation's peak memory at a 151,936-entry vocabulary, chunked against full logits",
          "value": result["logprob_memory"]["chunked_peak_mb"], "unit": "MB",
          "baseline": result["logprob_memory"]["full_peak_mb"], "baseline_name": "full logits",
          "ratio": result["logprob_peak_memory_ratio"]},
     ]
-    out = Path(a.out or RESULTS / ("update-quick.json" if a.quick else "update.json"))
+    out = Path(a.out or RESULTS / "update.json")
     write_result(out.stem, result, machine, out.parent)
     print(json.dumps(result))
     return result
@@ -290,8 +291,8 @@ def packing_and_precision(quick: bool, model_path: str, work: Path) -> dict:
     - skewed: 16 sequences of 32 to 2048 tokens on the bench model, padded micro-batches of 8 against packed
       rows of 4096 tokens, and packed in bfloat16 and with activation checkpointing;
     - maze: a maze step's batch (benchmarks/_maze_batch.py; 16 episodes with --quick, 128 as `make maze`) with
-      the maze recipe's update, on the trainer before issue 21 (BASELINE), today's padded one (the recipe's)
-      and packed rows of 16384 tokens;
+      the maze recipe's train settings and BASELINE's algorithm (BASELINE_ALGORITHM) on every side, on the
+      trainer before issue 21 (BASELINE), today's padded one (the recipe's) and packed rows of 16384 tokens;
     then the logprob computation's peak memory at Qwen3-VL's vocabulary (benchmarks/logprob_memory.py) and, in
     this process, what bfloat16 and activation checkpointing change in the numbers."""
     from benchmarks import logprob_memory
@@ -310,15 +311,15 @@ def packing_and_precision(quick: bool, model_path: str, work: Path) -> dict:
         skewed[name], skewed[f"packed_beside_{name}"] = best[name], best["packed"]
         pair_ratio[name] = best[name] / best["packed"]
     maze_model, episodes = str(maze_config.WARMSTART), 16 if quick else 128
-    maze_train, maze_algorithm = maze_recipe()
+    maze_train = maze_recipe()
     maze_s, maze_ratio, trainers = {}, {}, {}
     for name, train in {"padded": maze_train, "packed": {**maze_train, "tokens_per_micro_batch": 16384}}.items():
-        best, maze_ready = race({"today": contender("maze-today", maze_model, "maze", maze_train, episodes, work,
-                                                    today=True),
+        best, maze_ready = race({"baseline": contender("maze-baseline", maze_model, "maze", maze_train, episodes,
+                                                       work, baseline=True),
                                  name: contender(f"maze-{name}", maze_model, "maze", train, episodes, work,
-                                                 algorithm=maze_algorithm)}, steps)
-        maze_s[name], maze_s[f"today_beside_{name}"] = best[name], best["today"]
-        maze_ratio[name] = best[name] / best["today"]
+                                                 algorithm=BASELINE_ALGORITHM)}, steps)
+        maze_s[name], maze_s[f"baseline_beside_{name}"] = best[name], best["baseline"]
+        maze_ratio[name] = best[name] / best["baseline"]
         trainers.update({k: v["trainer"] for k, v in maze_ready.items()})
     skew_tokens = ready["packed"]["tokens"]
     memory = logprob_memory.measure(tokens=2048 if quick else 4096, generated=1024 if quick else 2048)
@@ -328,11 +329,11 @@ def packing_and_precision(quick: bool, model_path: str, work: Path) -> dict:
         "packed_vs_padded_skewed": round(pair_ratio["padded"], 3),
         "bf16_vs_fp32_packed_skewed": round(1 / pair_ratio["packed_bf16"], 3),
         "checkpointing_vs_not_packed_skewed": round(1 / pair_ratio["packed_checkpointing"], 3),
-        "maze": {"episodes": episodes, "segments": maze_ready["today"]["segments"], "step_s": _rounded(maze_s),
+        "maze": {"episodes": episodes, "segments": maze_ready["baseline"]["segments"], "step_s": _rounded(maze_s),
                  "baseline": BASELINE, "trainers": trainers,
-                 "recipe": {"train": maze_train, "algorithm": maze_algorithm}},
+                 "recipe": {"train": maze_train, "algorithm": BASELINE_ALGORITHM}},
         "maze_train_time_ratio": round(maze_ratio["padded"], 3),
-        "maze_packed_vs_today": round(maze_ratio["packed"], 3),
+        "maze_packed_vs_baseline": round(maze_ratio["packed"], 3),
         "logprob_memory": memory, "logprob_peak_memory_ratio": memory["ratio"],
         "precision": precision_gaps(model_path),
     }

@@ -1,6 +1,6 @@
 """The whole GRPO step against TRL's `GRPOTrainer`, on the same work, taking turns in one run.
 
-    python -m benchmarks.vs_trl [--quick] [--steps N] [--sizes tiny,bench] [--sides engine,trl-hf,trl-vllm]
+    python -m benchmarks.vs_trl [--quick] [--repeats N] [--steps N] [--sizes tiny,bench] [--sides engine,trl-hf,...]
 
 Both sides: the same tiny Qwen3 text model folder (grpo.tools.tiny_models), the same 8 prompts x G=8 of the
 single-turn digits task (benchmarks/_single_turn.py: one reply of up to 32 tokens, reward = share of
@@ -11,10 +11,15 @@ vLLM rollout worker, one FSDP train rank that runs each prompt once for its 8 co
 train.share_prompts, adapter publish and hot-load); TRL runs in its own venv
 (benchmarks/_trl_venv.py), generating with HF `generate` and, where it starts, its colocated vLLM mode.
 Each side is a child process paused between steps: A, B, C, A, B, C, ... so the machine's load falls
-on all alike. Seconds a step are medians over steps 3..N; `ratio_vs_trl` = engine / TRL's faster side.
+on all alike. Seconds a step are medians over steps 3..N; a run's ratio = engine / TRL's faster side.
 Sizes: "tiny" (0.3M-parameter text preset) and "bench" (16M parameters, compute-bound).
 
-The last line printed is one JSON object, also written to benchmarks/results/vs_trl.json.
+One run's ratio moves with the machine's load, so the whole comparison runs `--repeats` times (3 in full mode,
+1 with --quick), every size once a repeat: `ratio_vs_trl` (tiny) and `ratio_vs_trl_large` (bench) are the
+median of the repeats' ratios, with `..._runs` (every repeat's, in order) and `..._range` ([min, max]) beside
+them; each repeat's sides and steps are under sizes[SIZE]["runs"]. Fewer steps, repeats, sizes or sides than
+the full mode's make a quick run. The last line printed is one JSON object, also written to
+benchmarks/results/vs_trl.json (vs_trl-quick.json for a quick run).
 """
 from __future__ import annotations
 
@@ -30,6 +35,9 @@ from benchmarks._machine import ROOT, fresh_run_dir, write_result
 from benchmarks._turns import Contender
 
 SIDES = ("engine", "trl-hf", "trl-vllm")
+SIZES = ("tiny", "bench")
+FULL = {"steps": 10, "repeats": 3}
+QUICK = {"steps": 6, "repeats": 1}
 WORK = dict(prompts=8, group_size=8, max_tokens=32, lora_rank=16, lora_alpha=32.0, lr=1e-4, micro_batch_size=64)
 
 
@@ -125,6 +133,52 @@ def run_size(size: str, sides: list[str], steps: int, work: Path, trl_python: Pa
     return result
 
 
+def spread(values: list[float]) -> dict:
+    """The median of the repeats' figures, every one in order, and their [min, max]."""
+    return {"median": round(statistics.median(values), 3), "runs": list(values), "range": [min(values), max(values)]}
+
+
+def summarize(runs: list[dict]) -> dict:
+    """One size's repeats (run_size's results) in one: per side the median over repeats of each repeat's
+    figures (a side counts where it ran all its steps), and the ratio's median, runs and range."""
+    sides = {}
+    for side in dict.fromkeys(s for run in runs for s in run["sides"]):
+        done = [run["sides"][side] for run in runs if (run["sides"].get(side) or {}).get("step_s_median")]
+        if done:
+            sides[side] = {k: round(statistics.median(d[k] for d in done), 4) for k in
+                           ("ready_s", "step_s_median", "generate_s_median", "completion_tokens_per_s")
+                           if all(d.get(k) is not None for d in done)}
+            steps = [round(d["step_s_median"], 4) for d in done]
+            sides[side]["step_s_range"] = [min(steps), max(steps)]
+            sides[side]["repeats"] = len(done)
+    out = {"model_preset": runs[0]["model_preset"], "sides": sides, "runs": runs,
+           "trl_faster_sides": [run.get("trl_faster_side") for run in runs]}
+    ratios = [run["ratio_vs_trl"] for run in runs if run.get("ratio_vs_trl") is not None]
+    if ratios:
+        r = spread(ratios)
+        out.update(ratio_vs_trl=r["median"], ratio_vs_trl_runs=r["runs"], ratio_vs_trl_range=r["range"])
+    return out
+
+
+def headline(sizes: dict) -> list[dict]:
+    """One row a size: the engine's step against the faster TRL side's (medians over repeats), the ratio's
+    median over repeats with its range."""
+    rows = []
+    for size in sizes.values():
+        if size.get("ratio_vs_trl") is None:
+            continue
+        trl = [s for s in dict.fromkeys(size["trl_faster_sides"]) if s]
+        # Each repeat's faster TRL side's step, median over repeats (the ratio is the median of each repeat's own).
+        steps = [min(run["sides"][s]["step_s_median"] for s in trl if run["sides"].get(s, {}).get("step_s_median"))
+                 for run in size["runs"] if run.get("ratio_vs_trl") is not None]
+        rows.append({"figure": f"single-turn GRPO step time, {size['model_preset']} model, against TRL GRPOTrainer "
+                               f"(median of {len(size['ratio_vs_trl_runs'])} runs, ratio's range in brackets)",
+                     "value": size["sides"]["engine"]["step_s_median"], "unit": "s",
+                     "baseline": round(statistics.median(steps), 4), "baseline_name": " or ".join(trl),
+                     "ratio": size["ratio_vs_trl"], "ratio_range": size["ratio_vs_trl_range"]})
+    return rows
+
+
 def tail(path: Path, n: int = 600) -> str:
     try:
         return path.read_text()[-n:].replace("\n", " | ")
@@ -134,16 +188,23 @@ def tail(path: Path, n: int = 600) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="6 steps a side and size (under 15 minutes here)")
-    ap.add_argument("--steps", type=int, default=None, help="steps a side (default 10, --quick 6)")
-    ap.add_argument("--sizes", default="tiny,bench")
+    ap.add_argument("--quick", action="store_true", help="6 steps a side and size, one repeat (about 3 minutes)")
+    ap.add_argument("--steps", type=int, default=None, help=f"steps a side (default {FULL['steps']}, --quick "
+                                                            f"{QUICK['steps']})")
+    ap.add_argument("--repeats", type=int, default=None, help=f"runs of the whole comparison (default "
+                                                              f"{FULL['repeats']}, --quick {QUICK['repeats']})")
+    ap.add_argument("--sizes", default=",".join(SIZES))
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--work", default=str(ROOT / "runs" / "vs_trl"))
     a = ap.parse_args(argv)
-    steps = a.steps or (6 if a.quick else 10)
+    mode = QUICK if a.quick else FULL
+    steps, repeats = a.steps or mode["steps"], a.repeats or mode["repeats"]
     if steps < 3:
         ap.error("--steps must be at least 3: the medians are over steps 3..N")
     sides = [s for s in a.sides.split(",") if s]
+    size_names = [s for s in a.sizes.split(",") if s]
+    quick = (a.quick or steps < FULL["steps"] or repeats < FULL["repeats"] or set(size_names) != set(SIZES)
+             or set(sides) != set(SIDES))
     unknown = set(sides) - set(SIDES)
     if unknown:
         ap.error(f"unknown sides {sorted(unknown)}: choose from {', '.join(SIDES)}")
@@ -155,15 +216,22 @@ def main(argv: list[str] | None = None) -> dict:
         trl_python = ensure()
     t0 = time.perf_counter()
     loads = [os.getloadavg()[0]]
-    sizes = {}
-    for size in [s for s in a.sizes.split(",") if s]:
-        sizes[size] = run_size(size, sides, steps, work, trl_python)
-        loads.append(os.getloadavg()[0])
-    result = {"benchmark": "vs_trl", "quick": a.quick, "steps_per_side": steps, "median_over_steps": f"3..{steps}",
-              "work": WORK, "sizes": sizes, "ratio_vs_trl": sizes.get("tiny", {}).get("ratio_vs_trl"),
-              "ratio_vs_trl_large": sizes.get("bench", {}).get("ratio_vs_trl"),
+    runs: dict[str, list[dict]] = {size: [] for size in size_names}
+    for k in range(repeats):
+        for size in size_names:
+            print(f"[vs_trl] repeat {k + 1} of {repeats}, {size}", file=sys.stderr, flush=True)
+            runs[size].append(run_size(size, sides, steps, work, trl_python))
+            loads.append(os.getloadavg()[0])
+    sizes = {size: summarize(r) for size, r in runs.items()}
+    result = {"benchmark": "vs_trl", "quick": quick, "repeats": repeats, "steps_per_side": steps,
+              "median_over_steps": f"3..{steps}", "work": WORK, "sizes": sizes,
               "trl_packages": list(PACKAGES) if trl_python else None,
               "load_average_during": [round(x, 2) for x in loads], "wall_s": round(time.perf_counter() - t0, 1)}
+    for key, size in (("ratio_vs_trl", "tiny"), ("ratio_vs_trl_large", "bench")):
+        got = sizes.get(size, {})
+        result.update({key: got.get("ratio_vs_trl"), f"{key}_runs": got.get("ratio_vs_trl_runs"),
+                       f"{key}_range": got.get("ratio_vs_trl_range")})
+    result["headline"] = headline(sizes)
     write_result("vs_trl", result)
     print(json.dumps(result))
     return result

@@ -1,4 +1,5 @@
-"""Benchmark infrastructure: the GPU script's dry run, the README table generator, the machine record."""
+"""Benchmark infrastructure: the GPU script's dry run, the README table generator, the machine record, the
+result files' mode and paths, vs_trl's median over repeats."""
 import json
 import subprocess
 from pathlib import Path
@@ -48,13 +49,13 @@ def _machine_block(date="2026-12-01T15:00:00Z"):
 
 def test_table_rows_from_headlines_and_ratio_fallback(tmp_path):
     (tmp_path / "sync.json").write_text(json.dumps({
-        "ratio": 9.9,  # a headline, when there is one, decides the rows
+        "quick": False, "ratio": 9.9,  # a headline, when there is one, decides the rows
         "headline": [{"figure": "publish + hot-load", "value": 41.24, "unit": "ms", "baseline": 20.5,
                       "baseline_name": "save_file + add_lora", "ratio": 2.0117}],
         "machine": _machine_block()}))
     (tmp_path / "vs_trl.json").write_text(json.dumps({
-        "ratio_vs_trl": 1.234, "ratio_vs_trl_large": 0.4567, "mode": "full", "machine": _machine_block()}))
-    (tmp_path / "sync-quick.json").write_text(json.dumps({"ratio": 5.0, "machine": _machine_block()}))
+        "ratio_vs_trl": 1.234, "ratio_vs_trl_large": 0.4567, "quick": False, "machine": _machine_block()}))
+    (tmp_path / "sync-quick.json").write_text(json.dumps({"quick": True, "ratio": 5.0, "machine": _machine_block()}))
 
     assert table.table(tmp_path).splitlines() == [
         *table.HEADER.splitlines(),
@@ -74,6 +75,7 @@ def test_write_readme_replaces_only_between_markers(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
     (results / "update.json").write_text(json.dumps({
+        "quick": False,
         "headline": [{"figure": "update tokens/s", "value": 1509.4, "unit": "tokens/s", "baseline": 1382.0,
                       "ratio": 1.092}], "machine": _machine_block()}))
     readme = tmp_path / "README.md"
@@ -96,9 +98,9 @@ def test_machine_record(tmp_path):
     cpu = _machine.cpu_info(cpuinfo)
     assert cpu["model"] == "Intel(R) Xeon(R) Test"
     assert cpu["isa"] == ["avx2", "fma", "avx512f", "amx_tile", "amx_bf16"]
-    result = {"benchmark": "x"}
+    result = {"benchmark": "x", "quick": False}
     path = _machine.write_result("x", result, machine=_machine_block(), results_dir=tmp_path)
-    assert json.loads(path.read_text()) == {"benchmark": "x", "machine": _machine_block()} == result
+    assert json.loads(path.read_text()) == {"benchmark": "x", "quick": False, "machine": _machine_block()} == result
     info = _machine.machine_info(peak=False)
     assert {"date", "cpu", "gpu", "packages", "load_average"} <= info.keys() and "torch" in info["packages"]
 
@@ -114,3 +116,76 @@ def test_scaling_headline_and_plot(tmp_path):
         "baseline": 1000.0, "baseline_name": "at 128", "ratio": 2.5}]
     scaling.plot(result, tmp_path / "s.png")  # the curves not measured get an empty, titled panel
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_write_result_refuses_a_result_without_its_mode_and_names_quick_runs(tmp_path):
+    with pytest.raises(ValueError, match="quick"):
+        _machine.write_result("x", {"benchmark": "x"}, machine=_machine_block(), results_dir=tmp_path)
+    with pytest.raises(ValueError, match="quick"):
+        _machine.write_result("x", {"quick": "yes"}, machine=_machine_block(), results_dir=tmp_path)
+    assert not list(tmp_path.iterdir())
+    # A quick run never lands under the full name, whatever name the caller passed; a full run never under -quick.
+    assert _machine.write_result("x", {"quick": True}, _machine_block(), tmp_path).name == "x-quick.json"
+    assert _machine.write_result("x-quick", {"quick": True}, _machine_block(), tmp_path).name == "x-quick.json"
+    assert _machine.write_result("x-quick", {"quick": False}, _machine_block(), tmp_path).name == "x.json"
+
+
+def test_table_reads_full_runs_by_the_files_own_field(tmp_path):
+    def write(name, **fields):
+        (tmp_path / f"{name}.json").write_text(json.dumps({**fields, "machine": _machine_block()}))
+
+    write("sync", quick=True, ratio=5.0)  # a quick run under a full name
+    write("rollout", ratio=3.0)  # says nothing about its mode
+    write("update", quick=False, ratio=1.5)
+    assert list(table.load(tmp_path)) == ["update"]
+    assert [line.split(" | ")[0] for line in table.table(tmp_path).splitlines()[2:]] == ["| update"]
+    assert "sync" not in table.headline(tmp_path) and "update" in table.headline(tmp_path)
+
+
+def test_result_paths_are_relative_to_the_repository(tmp_path):
+    root = _machine.ROOT
+    result = {"quick": False, "model": str(root / "runs" / "m"), "runs": [{"dir": str(root / "runs" / "a")}],
+              "other": "/elsewhere/model", "sibling": f"{root}-copy/x", "n": 3}
+    path = _machine.write_result("paths", result, machine=_machine_block(), results_dir=tmp_path)
+    written = json.loads(path.read_text())
+    assert written["model"] == "runs/m" and written["runs"] == [{"dir": "runs/a"}]
+    assert written["other"] == "/elsewhere/model" and written["sibling"] == f"{root}-copy/x" and written["n"] == 3
+    assert f'"{root}/' not in path.read_text()
+
+
+def _vs_trl_run(engine_s, hf_s, vllm_s):
+    """One repeat of one size as run_size writes it, with the ratio it computes (engine over the faster TRL side)."""
+    sides = {"engine": engine_s, "trl-hf": hf_s, "trl-vllm": vllm_s}
+    faster = min(("trl-hf", "trl-vllm"), key=sides.get)
+    return {"model_preset": "bench", "trl_faster_side": faster, "ratio_vs_trl": round(engine_s / sides[faster], 3),
+            "sides": {s: {"ready_s": 10.0, "step_s_median": v, "generate_s_median": v / 2,
+                          "completion_tokens_per_s": 2048 / v} for s, v in sides.items()}}
+
+
+def test_vs_trl_median_and_range_over_repeats():
+    from benchmarks import vs_trl
+
+    assert vs_trl.spread([0.5, 0.44, 1.15]) == {"median": 0.5, "runs": [0.5, 0.44, 1.15], "range": [0.44, 1.15]}
+    assert vs_trl.spread([0.6, 0.4]) == {"median": 0.5, "runs": [0.6, 0.4], "range": [0.4, 0.6]}
+    # Ratios: 2.0 / 4.0 = 0.5 (trl-hf faster), 1.8 / 3.0 = 0.6 (trl-vllm faster), 2.2 / 5.0 = 0.44 (trl-hf).
+    size = vs_trl.summarize([_vs_trl_run(2.0, 4.0, 4.5), _vs_trl_run(1.8, 3.5, 3.0), _vs_trl_run(2.2, 5.0, 5.5)])
+    assert size["ratio_vs_trl"] == 0.5 and size["ratio_vs_trl_runs"] == [0.5, 0.6, 0.44]
+    assert size["ratio_vs_trl_range"] == [0.44, 0.6]
+    assert size["trl_faster_sides"] == ["trl-hf", "trl-vllm", "trl-hf"]
+    engine = size["sides"]["engine"]
+    assert engine["step_s_median"] == 2.0 and engine["step_s_range"] == [1.8, 2.2] and engine["repeats"] == 3
+    (row,) = vs_trl.headline({"bench": size})
+    # The faster TRL side's step in each repeat: 4.0, 3.0, 5.0; their median 4.0.
+    assert (row["value"], row["baseline"], row["ratio"], row["ratio_range"]) == (2.0, 4.0, 0.5, [0.44, 0.6])
+    assert row["baseline_name"] == "trl-hf or trl-vllm"
+    assert table._cells(row) == ("2.00 s", "4.00 s (trl-hf or trl-vllm)", "0.500 (0.440-0.600)")
+
+
+def test_vs_trl_leaves_a_side_that_stopped_early_out_of_the_medians():
+    from benchmarks import vs_trl
+
+    stopped = _vs_trl_run(1.8, 3.5, 3.0)
+    stopped["sides"]["trl-vllm"]["step_s_median"] = None  # run_size's mark of a side that did not finish
+    stopped.update(trl_faster_side="trl-hf", ratio_vs_trl=round(1.8 / 3.5, 3))
+    size = vs_trl.summarize([_vs_trl_run(2.0, 4.0, 4.5), stopped])
+    assert size["sides"]["trl-vllm"]["repeats"] == 1 and size["sides"]["trl-vllm"]["step_s_median"] == 4.5
