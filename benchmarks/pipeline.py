@@ -243,7 +243,7 @@ def maze_config(work: Path, name: str, k: int, steps: int, cluster: dict):
         "--train.updates_per_batch", "1", "--train.lr", str(MAZE_LR), "--algorithm.drop_zero_signal_groups", "false",
         "--algorithm.old_logprobs", "trainer", "--algorithm.tis_cap", "2.0",
         "--pipeline.max_staleness", str(k), "--eval.seeds", "[0]",
-        "--eval.unseen_seeds", "null", "--eval.every", "0", "--eval.target_success", "null",
+        "--eval.every", "0", "--eval.target_success", "null",
         "--checkpoint.every", str(10 ** 6), "--metrics.tensorboard", "false", "--metrics.plots", "false",
         "--metrics.samples_per_step", "0", "--cluster", json.dumps(cluster)])
 

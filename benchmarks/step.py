@@ -46,7 +46,7 @@ def maze_config(work: Path, steps: int):
 
     return grpo.RunConfig.from_yaml(ROOT / "examples" / "maze" / "cpu.yaml", overrides=[
         "--model", str(ROOT / "examples" / "maze" / "warmstart"), "--output_dir", str(work / "maze"),
-        "--steps", str(steps), "--eval.seeds", "0-7", "--eval.unseen_seeds", "null", "--eval.every", "0",
+        "--steps", str(steps), "--eval.seeds", "0-7", "--eval.every", "0",
         "--eval.target_success", "null", "--checkpoint.every", "1", "--metrics.tensorboard", "false",
         "--metrics.plots", "false"])
 
