@@ -1,7 +1,7 @@
 """The docs' benchmark figures, generated from benchmarks/results/*.json (never typed by hand; full runs only).
 
     python -m benchmarks.table            # print the full table (Markdown)
-    python -m benchmarks.table --write    # rewrite every generated block in README.md and docs/benchmarks.md
+    python -m benchmarks.table --write    # rewrite every generated block in README.md, docs/benchmarks.md and pipeline.md
     python -m benchmarks.table --check    # exit 1 if a generated block is not what the result files give
 
 A generated block sits between `<!-- NAME -->` and `<!-- /NAME -->` in a doc; BLOCKS names each block and the
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
-DOCS = (README, ROOT / "docs" / "benchmarks.md")
+DOCS = (README, ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "pipeline.md")
 FIX = "python -m benchmarks.table --write"
 BEGIN, END = "<!-- bench-table -->", "<!-- /bench-table -->"
 HEADER = ("| benchmark | figure | value | baseline | ratio | machine | date |\n"
@@ -174,9 +174,17 @@ def generate_vs_hf(results_dir: str | Path = RESULTS) -> str:
     return "\n".join(lines)
 
 
+def pipeline(results_dir: str | Path = RESULTS) -> str:
+    """benchmarks/pipeline.py's figures, each a pair of runs side by side in one invocation."""
+    result = load(results_dir).get("pipeline", {})
+    lines = ["| what | grpo | baseline | ratio |", "|---|---|---|---|"]
+    lines += [_line([row["figure"], *_cells(row)]) for row in rows("pipeline", result)]
+    return "\n".join(lines)
+
+
 # Each generated block: its marker name and what writes it.
 BLOCKS = {"bench-table": table, "bench-headline": headline, "bench-step": step, "bench-vs-trl": vs_trl,
-          "bench-generate": generate_vs_hf}
+          "bench-generate": generate_vs_hf, "bench-pipeline": pipeline}
 
 
 def regenerate(text: str, results_dir: str | Path = RESULTS, doc: str = "the doc") -> str:
