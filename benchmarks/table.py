@@ -1,7 +1,7 @@
 """The docs' benchmark figures, generated from benchmarks/results/*.json (never typed by hand; full runs only).
 
     python -m benchmarks.table            # print the full table (Markdown)
-    python -m benchmarks.table --write    # rewrite every generated block in README.md, docs/benchmarks.md and pipeline.md
+    python -m benchmarks.table --write    # rewrite every generated block of the docs (DOCS)
     python -m benchmarks.table --check    # exit 1 if a generated block is not what the result files give
 
 A generated block sits between `<!-- NAME -->` and `<!-- /NAME -->` in a doc; BLOCKS names each block and the
