@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
                         grpo_runs[seed] = rows[-1]["wall_s"]
                 print(f"[baselines] {variant} seed {seed}: {json.dumps(rows[-1])}", flush=True)
             print(f"[baselines] wrote {write_result(variant, rows)}", flush=True)
+            if "grpo" in load_results():
+                write_docs(load_results())  # after each variant: the READMEs hold what has been measured
     results = load_results()
     write_docs(results)
     print(table(results))
