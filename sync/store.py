@@ -172,9 +172,13 @@ class AdapterStore:
             return
         pending.thread.join()
         if pending.error is not None:
-            raise AdapterStoreError(
+            error = AdapterStoreError(
                 f"making the last adapter version in {self.adapters_dir} durable failed ({pending.error!r}): "
-                f"check the storage, then publish again") from pending.error
+                f"check the storage, then publish again")
+            # An attribute survives the pickling that carries an actor's error to the driver (__cause__ does
+            # not): the driver finds the failed write in it.
+            error.failed = pending.error
+            raise error from pending.error
 
     def _make_durable(self, folder: str, pending: "_Pending") -> None:
         try:

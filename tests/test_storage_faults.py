@@ -33,8 +33,8 @@ def test_the_failed_write_is_found_behind_rays_wrapping_and_described():
     assert storage.storage_error(ActorFault("rollout-0", "ActorDiedError during rollout")) is None  # a text cause
     assert storage.storage_error(FileNotFoundError(errno.ENOENT, "gone", "/x")) is None  # a bug as often as not
     line = storage.describe(full, "in step 3", "last checkpoint: step 2 at /c; last published adapter: v3 (verified)")
-    assert line.startswith("[grpo] storage failed in step 3: No space left on device (ENOSPC) writing "
-                           "/data/run/store/adapters/.tmp-v3/a.safetensors; ")
+    assert line.startswith("[grpo] storage failed in step 3: No space left on device (ENOSPC) writing an adapter "
+                           "version /data/run/store/adapters/.tmp-v3/a.safetensors; ")
     assert " MiB free of " in line and line.endswith(
         "there; last checkpoint: step 2 at /c; last published adapter: v3 (verified); fix: free space on that "
         "filesystem, or set output_dir to one with room, then run the same command to resume")
@@ -101,7 +101,8 @@ def test_broken_storage_mid_step_stops_the_run_with_one_line_and_loses_nothing(t
         err = capfd.readouterr().err
         lines = [x for x in err.splitlines() if x.startswith("[grpo] storage failed")]
         code = {"full": "No space left on device (ENOSPC)", "read-only": "Read-only file system (EROFS)"}[fault]
-        assert len(lines) == 1 and lines[0].startswith(f"[grpo] storage failed in step 2: {code} writing {disk}/")
+        assert len(lines) == 1 and lines[0].startswith(
+            f"[grpo] storage failed in step 2: {code} writing an adapter version {disk}/store/")
         assert "last checkpoint: step 1 at" in lines[0] and "last published adapter: v2 (verified)" in lines[0]
         assert "Traceback" not in err
         # What step 1 wrote is intact: its checkpoint and the adapter it published verify.

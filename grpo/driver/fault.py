@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from grpo.algo.config import ConfigError, check_number
+from grpo.driver import storage
 from sync.atomic import atomic_write
 
 # What each kind of fault can hit.
@@ -154,7 +155,7 @@ def gather(calls: Sequence[tuple[str, Any]], timeout_s: float, what: str, grace_
 
     Raises ActorFault when an actor died, when one did not answer in time, or when a collective failed
     because a peer died (the dead peer is named, not the survivor that noticed). Any other error of a
-    call (a bug, a bad input) is raised as it is: starting again would only repeat it.
+    call (a bug, a bad input, a write that failed) is raised as it is: starting again would only repeat it.
     """
     import ray
     from ray.exceptions import RayTaskError
@@ -173,6 +174,9 @@ def gather(calls: Sequence[tuple[str, Any]], timeout_s: float, what: str, grace_
         try:
             results[ref] = ray.get(ref)
         except RayTaskError as e:
+            if storage.storage_error(e) is not None:
+                # A full or broken disk: a collective's peers fail with it too, and fresh actors would as well.
+                raise
             dead = _first_dead(pending, names, grace_s)
             if dead is not None:
                 dead.cause, dead.waited_s = f"{dead.cause} (during {what})", time.monotonic() - start

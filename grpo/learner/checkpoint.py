@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from grpo.learner import dist
-from sync.atomic import atomic_write, fsync_dir, remove_tree, write_new_file
+from sync.atomic import atomic_write, fsync_dir, naming, remove_tree, write_new_file
 from sync.format import sha256_file
 
 MARKER = "latest.json"
@@ -86,9 +86,10 @@ def latest(root: str | os.PathLike) -> CheckpointInfo | None:
             size = manifest["world_size"] if manifest else int(doc["world_size"])
             return CheckpointInfo(_step_of(name), str(root / name), size, tuple(skipped))
         skipped.append((name, problem))
-    raise CheckpointError(f"no checkpoint under {root} verifies:\n  " +
-                          "\n  ".join(f"{name}: {why}" for name, why in skipped) +
-                          f"\nRestore one of them from a copy, or delete {marker} to start the run from scratch")
+    # One line: the run's log says it as its one line of a refusal.
+    raise CheckpointError(f"no checkpoint under {root} verifies: " +
+                          "; ".join(f"{name}: {why}" for name, why in skipped) +
+                          f". Restore one of them from a copy, or delete {marker} to start the run from scratch")
 
 
 def verify(path: Path, legacy: bool = False) -> str | None:
@@ -184,7 +185,7 @@ def save(root: str | os.PathLike, step: int, model, optimizer, trainer_state: di
     dist.barrier()
 
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_options())
-    with _single_process_quiet():
+    with _single_process_quiet(), naming(path), _failed_write():
         dcp_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path),  # fsyncs its files
                  no_dist=not dist.active())
     write_new_file(str(path / f"rng_rank{rank}.pt"), _dumps(rng_state()))
@@ -258,6 +259,22 @@ def _single_process_quiet():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         yield
+
+
+@contextlib.contextmanager
+def _failed_write():
+    """DCP gathers every rank's failure into one CheckpointException (not even an Exception) that every rank
+    raises: its OSError is raised instead, so that a full or broken disk reads as one (`naming` then adds the
+    checkpoint's folder: DCP's writes name no file)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as e:
+        failed = next((x for x, _ in e.failures.values() if isinstance(x, OSError)), None)
+        if failed is None:
+            raise
+        raise OSError(failed.errno, failed.strerror, failed.filename) from e
 
 
 def _kept(root: Path) -> list[str]:

@@ -2,11 +2,16 @@
 curves: grpo.report.curves)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
+import os
+import socket
+import time
 from pathlib import Path
 
-from sync.atomic import naming
+from sync.atomic import atomic_write, naming
 
 
 class MetricsSink:
@@ -35,9 +40,7 @@ class MetricsSink:
         if prometheus_port is not None:
             self._serve(prometheus_port)
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            self._tb = TensorBoardEvents(self.run_dir / "tensorboard")
         if wandb is not None:
             from grpo.report.wandb_sink import WandbSink
 
@@ -56,20 +59,17 @@ class MetricsSink:
         self._counter("restart")
 
     def log(self, record: dict) -> None:
-        with naming(self.path), self.path.open("a") as f:
-            f.write(json.dumps(json_safe(record), sort_keys=True, allow_nan=False) + "\n")
+        append(self.path, (json.dumps(json_safe(record), sort_keys=True, allow_nan=False) + "\n").encode())
         step = int(record.get("step", 0))
         if "event" in record:
             self._event(str(record["event"]), step)
             return
         values = flatten(record)
-        for key, value in values.items():
-            if self._tb is not None:
-                self._tb.add_scalar(key, value, step)
-            if self._registry is not None:
-                self._gauge(key).set(value)
         if self._tb is not None:
-            self._tb.flush()
+            self._tb.scalars(values, step)
+        if self._registry is not None:
+            for key, value in values.items():
+                self._gauge(key).set(value)
         if self._wandb is not None:
             self._wandb.log(values, step)
 
@@ -78,8 +78,7 @@ class MetricsSink:
         if self._registry is not None:
             self._counter(name).inc()
         if self._tb is not None:
-            self._tb.add_scalar(f"{name}s", count, step)
-            self._tb.flush()
+            self._tb.scalars({f"{name}s": float(count)}, step)
         if self._wandb is not None:
             self._wandb.event({f"{name}s": count})
 
@@ -101,9 +100,7 @@ class MetricsSink:
         return self._counters[event]
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        self._tb = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -111,6 +108,53 @@ class MetricsSink:
         if self._wandb is not None:
             self._wandb.close()
             self._wandb = None
+
+
+class TensorBoardEvents:
+    """TensorBoard scalars, one event a record, written in the caller's thread. torch's SummaryWriter writes
+    from a thread of its own: on a full disk that thread dies with a traceback of its own, and the error
+    reaches the run only at a later call, or at none."""
+
+    def __init__(self, folder: Path):
+        from tensorboard.compat.proto.event_pb2 import Event
+
+        folder.mkdir(parents=True, exist_ok=True)
+        # TensorBoard's own file name: one file a process, so a resumed run adds a file.
+        self.path = folder / f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.0"
+        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+        self._write(Event(wall_time=time.time(), step=step, summary=summary))
+
+    def _write(self, event) -> None:
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        record = io.BytesIO()
+        RecordWriter(record).write(event.SerializeToString())
+        append(self.path, record.getvalue())
+
+
+def append(path: Path, data: bytes) -> None:
+    """Append whole records (JSON lines, TensorBoard events) to a file of the run. A write that fails (a full
+    disk) takes back what it wrote: the file never ends in a torn record that a resumed run cannot read."""
+    with naming(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            end = os.lseek(fd, 0, os.SEEK_END)
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError:
+                with contextlib.suppress(OSError):  # the write's own error is the one to report
+                    os.ftruncate(fd, end)
+                raise
+        finally:
+            os.close(fd)
 
 
 def prometheus_name(key: str) -> str:
@@ -171,9 +215,7 @@ def drop_steps_after(path: Path, step: int) -> int:
     kept = [line for line in lines if not line.strip() or _kept_after(json.loads(line), step)]
     if len(kept) == len(lines):
         return 0
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept if line.strip()))
-    tmp.replace(path)
+    atomic_write(str(path), "".join(line + "\n" for line in kept if line.strip()).encode(), durable=False)
     return len(lines) - len(kept)
 
 

@@ -9,8 +9,7 @@ import json
 import threading
 from pathlib import Path
 
-from grpo.report.metrics import json_safe
-from sync.atomic import naming
+from grpo.report.metrics import append, json_safe
 
 
 def decode_episode(traj, tokenizer, vision_ids=()) -> dict:
@@ -121,8 +120,7 @@ class SampleWriter:
         if not trajs:
             return 0
         tokenizer, vision_ids = decoder(self.model)
-        with naming(self.path), self.path.open("a") as f:
-            for t in trajs:
-                line = dict(fields, **decode_episode(t, tokenizer, vision_ids))
-                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+        lines = [json.dumps(dict(fields, **decode_episode(t, tokenizer, vision_ids)), ensure_ascii=False) + "\n"
+                 for t in trajs]
+        append(self.path, "".join(lines).encode())
         return len(trajs)
