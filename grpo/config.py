@@ -238,6 +238,11 @@ class RunConfig:
     def test_seeds(self) -> list[int]:
         return parse_seeds(self.eval.test_seeds or [])
 
+    @property
+    def held_out_seeds(self) -> list[int]:
+        """The seeds whose tasks training never draws (envs/split.py): the validation and the test set."""
+        return self.eval_seeds + self.test_seeds
+
     def engine_config(self) -> EngineConfig:
         """The vLLM engine this run asks for: the trainer's rollout workers and grpo.eval start the same."""
         return EngineConfig(model=self.model, max_lora_rank=self.lora.rank, seed=self.seed,

@@ -86,7 +86,7 @@ def test_maze_seeds_that_draw_one_layout_share_its_key():
 def test_dataset_env_with_default_options_never_trains_on_an_eval_row():
     env = DatasetEnv(_rows(100), rewards=_correct)  # holdout 0: the draw cycles through all 100 rows
     cfg = RunConfig(model="m", env={"name": "dataset", "options": {"data": _rows(100), "rewards": _correct}})
-    sampler = TaskSampler("dataset", cfg.env.options, cfg.train_seed_offset, held_out=cfg.eval_seeds + cfg.test_seeds)
+    sampler = TaskSampler("dataset", cfg.env.options, cfg.train_seed_offset, held_out=cfg.held_out_seeds)
     rows = {env.row_index(t.seed) for t in sampler.take(1000)}
     assert rows == set(range(64, 100))  # every row but the 64 that eval.seeds 0-63 score
     # The same draw without the split would have trained on them.

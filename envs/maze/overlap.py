@@ -16,7 +16,8 @@ import itertools
 import json
 from pathlib import Path
 
-from envs.maze.env import MazeEnv
+from envs.base import Env
+from envs.registry import make
 from envs.seeds import parse_seeds
 from envs.split import HeldOut, held_out, training_seeds
 
@@ -32,7 +33,7 @@ def training_offset(seed: int) -> int:
     return (int(seed) + 1) * SEED_STRIDE
 
 
-def phase_seeds(env: MazeEnv, phase: dict, skip: HeldOut) -> list[int]:
+def phase_seeds(env: Env, phase: dict, skip: HeldOut) -> list[int]:
     """The seeds one manifest phase drew from: `count` mazes from `first` on, past held-out layouts where the
     phase skipped them (`skips_held_out`)."""
     if not phase.get("skips_held_out"):
@@ -45,7 +46,7 @@ def example_sets(config: Path = CONFIG, manifest: Path = MANIFEST, train: range 
     import yaml
 
     cfg = yaml.safe_load(Path(config).read_text())
-    env = MazeEnv(size=cfg["env"]["options"]["size"])
+    env = make("maze", size=cfg["env"]["options"]["size"])
     sets = {"validation": parse_seeds(cfg["eval"]["seeds"]), "test": parse_seeds(cfg["eval"].get("test_seeds") or [])}
     skip = held_out(env, sets["validation"] + sets["test"])
     drawn = json.loads(Path(manifest).read_text())
@@ -61,7 +62,8 @@ def example_sets(config: Path = CONFIG, manifest: Path = MANIFEST, train: range 
 
 def overlap(sets: dict, size: int = 9) -> dict:
     """Seeds and distinct layouts of each set, and the layouts each pair shares."""
-    keys = {name: {MazeEnv(size=size).task_key(s) for s in seeds} for name, seeds in sets.items()}
+    env = make("maze", size=size)
+    keys = {name: {env.task_key(s) for s in seeds} for name, seeds in sets.items()}
     shared = {f"{a}~{b}": len(keys[a] & keys[b]) for a, b in itertools.combinations(sets, 2)}
     training = [name for name in sets if name.startswith(("sft_", "grpo_")) and name != "sft_validation"]
     return {"sets": {name: {"seeds": len(sets[name]), "layouts": len(keys[name])} for name in sets},
@@ -73,7 +75,7 @@ def overlap(sets: dict, size: int = 9) -> dict:
 
 def pick_test_seeds(first: int, n: int, avoid: dict, size: int = 9) -> list[int]:
     """The first `n` seeds from `first` on whose layouts no set in `avoid` holds and no earlier pick repeats."""
-    env = MazeEnv(size=size)
+    env = make("maze", size=size)
     taken = set().union(*({env.task_key(s) for s in seeds} for seeds in avoid.values()))
     picked, seed = [], first
     while len(picked) < n:

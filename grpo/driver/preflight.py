@@ -27,7 +27,7 @@ def check_run(config: RunConfig, files: bool = True) -> None:
     # A broken env fails here, not in an actor; so does one with no task left to train on past the eval sets.
     envs.check_env(config.env.name, config.env.options, config.train_seed_offset)
     TaskSampler(config.env.name, config.env.options, config.train_seed_offset,
-                held_out=config.eval_seeds + config.test_seeds).take(config.tasks_per_step)
+                held_out=config.held_out_seeds).take(config.tasks_per_step)
     for f in config.fault.faults:
         count = {"rollout": config.cluster.rollout_workers, "train_rank": config.cluster.train_ranks}.get(f.target, 1)
         if f.index >= count or f.step > config.steps:

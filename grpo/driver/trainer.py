@@ -42,6 +42,7 @@ from grpo.report.table import summary_rows, table
 from rollout import runtime
 from rollout.trajectory import merge_stats
 from rollout.worker import Task
+from sync.atomic import atomic_write
 
 
 class RunFailedError(RuntimeError):
@@ -84,11 +85,10 @@ class Trainer:
                 except ActorFault as fault:
                     self._recover(fault)
         except Exception as e:
-            failed = storage.storage_error(e)
-            if failed is None:
+            status = storage.report(e, self._where(), self._kept_phrase)
+            if status is None:
                 raise
-            print(storage.describe(failed, self._where(), self._kept_phrase()), file=sys.stderr, flush=True)
-            raise SystemExit(storage.STORAGE_EXIT) from None
+            raise SystemExit(status) from None
         except (SystemExit, KeyboardInterrupt) as e:
             if session.stopped_by_sigterm(e):
                 print(self._stop_line("stopped by SIGTERM"), file=sys.stderr, flush=True)
@@ -106,8 +106,7 @@ class Trainer:
     def _run(self, plan: InjectionPlan) -> dict:
         """Start the actors, restore the last checkpoint and train to the end; an ActorFault ends an attempt."""
         cfg, state = self.config, self._resume_or_begin()
-        sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state.cursor,
-                              held_out=cfg.eval_seeds + cfg.test_seeds)
+        sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state.cursor, cfg.held_out_seeds)
         first = state.step + 1
         if _met(state.evals.get(str(state.step)), cfg.eval.target_success):
             # A run that stopped at its target is done: run again, it reports, it does not train on.
@@ -292,8 +291,7 @@ class Trainer:
         if state.eval_before is None:
             state.eval_before = self.evaluate(label="before", submitted=early[0])
             print(f"[grpo] eval before training: {state.eval_before['success_rate']:.1%}", file=sys.stderr)
-        if state.test_before is None:
-            state.test_before = earlier.test_before
+        state.test_before = state.test_before or earlier.test_before
         if state.test_before is None and self.config.test_seeds:
             state.test_before = self.evaluate(self.config.test_seeds, label="test before", submitted=early[1])
         self._early_eval = None
@@ -381,7 +379,8 @@ class Trainer:
             "restarts": self.sink.event_counts.get("restart", 0),
             **run_summary.mechanism(self.run_dir / "metrics.jsonl", cfg.tasks_per_step, state.eval_before, after),
         }
-        (self.run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=1, allow_nan=False) + "\n")
+        atomic_write(str(self.run_dir / "summary.json"),
+                     (json.dumps(json_safe(summary), indent=1, allow_nan=False) + "\n").encode())
         print(table(summary_rows(summary, self.run_dir)), flush=True)
         return summary
 
@@ -399,7 +398,7 @@ class Trainer:
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         runtime.configure(self.run_dir, runtime.shared_cache_dir(self.run_dir))
-        (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+        atomic_write(str(self.run_dir / "config.yaml"), cfg.to_yaml().encode())
         self._ray.start(cfg.cluster.address, cfg.cluster.train_ranks + cfg.cluster.rollout_workers)
         self.sink = MetricsSink(self.run_dir, cfg.metrics.tensorboard, cfg.metrics.prometheus_port,
                                 wandb=cfg.metrics.wandb, run_config=cfg.to_dict())
@@ -419,9 +418,8 @@ class Trainer:
         # the train ranks start, not after: the engine serves the base model until the first hot-load.
         fresh = cfg.adapter is None and self.state.eval_before is None and not (
             Path(self.checkpoint_root) / checkpoint.MARKER).exists()
-        self._early_eval = None
-        if fresh:  # the test set too, reported beside the eval before training
-            self._early_eval = (self._submit_eval(), self._submit_eval(cfg.test_seeds) if cfg.test_seeds else None)
+        test = cfg.test_seeds if fresh else []  # the test set too, reported beside the eval before training
+        self._early_eval = (self._submit_eval(), self._submit_eval(test) if test else None) if fresh else None
         self.group = TrainGroup(cfg.model, c.train_ranks, lora=cfg.lora, algorithm=cfg.algorithm,
                                 train=cfg.train, temperature=cfg.rollout.temperature, total_steps=cfg.steps,
                                 adapter_path=cfg.adapter, dtype=cfg.engine.dtype, gpus_per_rank=share,
