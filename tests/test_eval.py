@@ -67,7 +67,7 @@ def test_eval_reproduces_the_runs_evals_episode_for_episode(tmp_path, capsys):
                  "history": maze_config.HISTORY}, engine={"max_model_len": 1024},
         eval={"seeds": "0-7"}, cluster={"train_ranks": 1}, metrics={"tensorboard": False, "plots": False})).fit()
     printed = capsys.readouterr().out
-    assert "greedy success, 8 eval seeds, after training" in printed and str(out.resolve()) in printed
+    assert "greedy success, 8 validation seeds, after training" in printed and str(out.resolve()) in printed
 
     assert main(["eval", str(out)]) == 0
     after = _last_json(capsys)
