@@ -26,7 +26,7 @@ from pathlib import Path
 
 from envs.seeds import parse_seeds
 from examples.maze import maze_config as mc
-from examples.maze.seeds import seed_flags, stopped_early
+from examples.maze.seeds import seed_flags, stopped_early, write_block
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -139,14 +139,6 @@ def headline(results: dict[str, dict]) -> str:
 
 HEADLINE = ("<!-- maze-headline -->", "<!-- /maze-headline -->")
 BLOCKS = {README: [(BEGIN, END, table), (*HEADLINE, headline)], HERE.parents[1] / "README.md": [(*HEADLINE, headline)]}
-
-
-def write_block(path: Path, begin: str, end: str, text: str) -> None:
-    doc = path.read_text()
-    if begin not in doc or end not in doc:
-        raise ValueError(f"{path} has no {begin} ... {end} block to write into")
-    head, rest = doc.split(begin, 1)
-    path.write_text(f"{head}{begin}\n{text}\n{end}{rest.split(end, 1)[1]}")
 
 
 def write_docs(results: dict[str, dict]) -> None:

@@ -114,13 +114,18 @@ def _spread(values: list[float], unit: str) -> str:
             f"{min(values):.1f}-{max(values):.1f}{unit}")
 
 
+def write_block(path: Path, begin: str, end: str, text: str) -> None:
+    """`text` between the markers `begin` and `end` of the doc at `path`, in place of what stood there."""
+    doc = path.read_text()
+    if begin not in doc or end not in doc:
+        raise ValueError(f"{path} has no {begin} ... {end} block to write into")
+    head, rest = doc.split(begin, 1)
+    path.write_text(f"{head}{begin}\n{text}\n{end}{rest.split(end, 1)[1]}")
+
+
 def write_docs(text: str, readme: Path = README) -> None:
     """The table between the maze README's markers (the PNG sits beside it as seeds.png)."""
-    doc = readme.read_text()
-    if BEGIN not in doc or END not in doc:
-        raise ValueError(f"{readme} has no {BEGIN} ... {END} block to write the table into")
-    head, rest = doc.split(BEGIN, 1)
-    readme.write_text(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
+    write_block(readme, BEGIN, END, text)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
