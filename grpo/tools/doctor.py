@@ -187,6 +187,9 @@ def _matrix(model_path: str, run_dir: Path, log) -> dict:
     if "gap_merged" in f:
         log(f"max |vLLM - transformers+peft| logprob: merged {f['gap_merged']:.2e}, LoRA {f['gap_lora']:.2e}; "
             f"re-rendering the conversation gives the same ids: {f['rerender_same']}")
+        log(f"float32 floor: the trainer is {f['float32_floor']:.2e} and vLLM {f['vllm_vs_float64']:.2e} from "
+            f"float64 arithmetic; the bar is {f['bar']:.2e} (max of {model_check.TOLERANCE} and "
+            f"{model_check.FLOOR_FACTOR} x the trainer's floor)")
     log(f"{model_path} ({f.get('architecture', '?')}) is " + (
         "supported: every check passes" if result["ok"] else "NOT supported: see the failed checks"))
     return result

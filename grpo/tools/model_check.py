@@ -34,6 +34,12 @@ from pathlib import Path
 # and 2.9e-6 in two doctor runs: a few float32 ulps of logprobs of magnitude 8-32. This is 5x the largest; a
 # wrong adapter, image or position is off by 1e-2 or more.
 TOLERANCE = 1.5e-5
+# A real model's logits are large (SmolLM2-135M-Instruct's reach 40), so float32 rounds its logprobs in the
+# 5th decimal: there the trainer alone sits up to 1.5e-5 from the same forward computed in float64, half of it
+# in the output projection's log-softmax over 49,152 logits (measured 2026-12-03). The bar is then the larger
+# of TOLERANCE and FLOOR_FACTOR times that floor, measured on the check's own trajectory: a gap of float32
+# rounding in two implementations passes, a wrong weight, adapter or position (1e-2 and more) does not.
+FLOOR_FACTOR = 3.0
 
 SYSTEM_PROMPT = "Answer with exactly one action."
 OBSERVATIONS = ["You are in a maze. Reach the red square and stop on it.", "You moved right.",
@@ -112,6 +118,14 @@ def _rollout(engine, chat) -> dict:
 
 def _gap(scorer, adapter: str, processor, traj: dict) -> float:
     """max |vLLM - transformers + peft| over the sampled tokens, with peft's adapter `adapter` active."""
+    lp, vllm, _ = _scored(scorer, adapter, processor, traj)
+    return float((lp - vllm).abs().max())
+
+
+def _scored(scorer, adapter: str, processor, traj: dict, exact: bool = False):
+    """The sampled tokens' logprobs as the trainer scores them and as vLLM reported them, float64, and the
+    batch. exact: `scorer` is a float64 model, and its logits' log-softmax is taken in float64 too (the
+    trainer's own path rounds logits to float32 first)."""
     import torch
 
     from grpo.learner import forward
@@ -120,10 +134,31 @@ def _gap(scorer, adapter: str, processor, traj: dict) -> float:
     seq = forward.expand(processor, traj["ids"], traj["images"],
                          [torch.tensor(traj["mask"]), torch.tensor(traj["lps"], dtype=torch.float64)])
     batch = forward.collate(processor, [seq], forward.tokenizer_of(processor).pad_token_id)
-    with torch.no_grad():
-        lp = forward.token_logprobs(scorer, batch, mask=batch.per_token[0])
     keep = batch.per_token[0].bool()
-    return float((lp[keep].double() - batch.per_token[1][keep]).abs().max())
+    with torch.no_grad():
+        if exact:
+            kwargs = {k: v.double() if v.is_floating_point() else v for k, v in batch.model_kwargs().items()}
+            logits = scorer(**kwargs, use_cache=False).logits[:, :-1][keep[:, 1:]]
+            lp = forward.target_logprobs(logits, batch.input_ids[:, 1:][keep[:, 1:]], batch.banned_ids)
+        else:
+            lp = forward.token_logprobs(scorer, batch, mask=batch.per_token[0])[keep]
+    return lp.double(), batch.per_token[1][keep], batch
+
+
+def float32_floor(model_dir, adapter_path: str, processor, traj: dict, scored) -> dict:
+    """How far float32 itself puts the trainer from exact arithmetic on this trajectory: its logprobs
+    (`scored`, from _scored) against the same model and adapter computed in float64; and vLLM's."""
+    import torch
+    from peft import PeftModel
+
+    from grpo.learner import forward
+
+    exact_model = PeftModel.from_pretrained(forward.load_model(model_dir, dtype=torch.float64), adapter_path,
+                                            adapter_name="exact").eval()
+    exact, vllm, _ = _scored(exact_model, "exact", processor, traj, exact=True)
+    trainer = scored[0]
+    return {"trainer_vs_float64": float((trainer - exact).abs().max()),
+            "vllm_vs_float64": float((vllm - exact).abs().max())}
 
 
 def _ids_match(traj: dict, processor) -> bool:
@@ -189,6 +224,7 @@ def check_model(model_dir, work_dir, log) -> dict:
         scorer = PeftModel.from_pretrained(forward.load_model(model_dir), paths["v1"][1], adapter_name="v1").eval()
         scorer.load_adapter(paths["v2"][1], adapter_name="v2")
         gaps: dict[str, dict[str, float]] = {"merged": {}, "lora": {}}
+        floors: dict[str, dict[str, float]] = {}
         ids_ok = True
         v2_traj = None
         for mode in ("merged", "lora"):
@@ -200,7 +236,10 @@ def check_model(model_dir, work_dir, log) -> dict:
             log(f"{mode} engine started in {time.perf_counter() - t:.1f} s")
             engine.load_adapter(*paths["v1"])
             traj = _rollout(engine, chat)
-            gaps[mode]["v1"] = _gap(scorer, "v1", processor, traj)
+            scored = _scored(scorer, "v1", processor, traj)
+            gaps[mode]["v1"] = float((scored[0] - scored[1]).abs().max())
+            stage = f"float64 floor ({mode})"
+            floors[mode] = float32_floor(model_dir, paths["v1"][1], processor, traj, scored)
             ids_ok &= _ids_match(traj, processor)
             stage = f"hot-load ({mode})"
             engine.load_adapter(*paths["v2"])
@@ -232,16 +271,20 @@ def check_model(model_dir, work_dir, log) -> dict:
                 engine.load_adapter(*paths["v3"])
                 traj = _rollout(engine, chat)
                 gaps[mode]["v3"] = _gap(scorer, "v3", processor, traj)
-                checks["published"] = gaps[mode]["v3"] <= TOLERANCE
+                published_gap = gaps[mode]["v3"]
             del engine
             gc.collect()
+        figures["float32_floor"] = max(f["trainer_vs_float64"] for f in floors.values())
+        figures["vllm_vs_float64"] = max(f["vllm_vs_float64"] for f in floors.values())
+        figures["bar"] = bar = max(TOLERANCE, FLOOR_FACTOR * figures["float32_floor"])
         figures["gap_merged"] = max(gaps["merged"]["v1"], gaps["merged"]["v2"])
         figures["gap_lora"] = max(gaps["lora"][v] for v in ("v1", "v2", "v3"))
         figures["hotload_diff_to_v1"] = min(gaps["merged"]["v2_vs_v1"], gaps["lora"]["v2_vs_v1"])
-        checks["parity"] = gaps["merged"]["v1"] <= TOLERANCE and gaps["lora"]["v1"] <= TOLERANCE
-        checks["merged_lora"] = max(figures["gap_merged"], figures["gap_lora"]) <= TOLERANCE
-        checks["hotload"] = (max(gaps["merged"]["v2"], gaps["lora"]["v2"]) <= TOLERANCE
-                             and figures["hotload_diff_to_v1"] > 10 * TOLERANCE)
+        checks["published"] = published_gap <= bar
+        checks["parity"] = gaps["merged"]["v1"] <= bar and gaps["lora"]["v1"] <= bar
+        checks["merged_lora"] = max(figures["gap_merged"], figures["gap_lora"]) <= bar
+        checks["hotload"] = (max(gaps["merged"]["v2"], gaps["lora"]["v2"]) <= bar
+                             and figures["hotload_diff_to_v1"] > 10 * bar)
         checks["chat_ids"] = ids_ok
     except Exception as e:  # a model that breaks a stage is a finding of the matrix, reported with the stage
         result["problems"].append(f"{stage}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
