@@ -7,6 +7,7 @@ from pathlib import Path
 
 from grpo.algo.config import ConfigError
 from grpo.config import RunConfig
+from grpo.driver.resources import AUTO
 from grpo.driver.state import TaskSampler
 
 
@@ -28,12 +29,19 @@ def check_run(config: RunConfig, files: bool = True) -> None:
     envs.check_env(config.env.name, config.env.options, config.train_seed_offset)
     TaskSampler(config.env.name, config.env.options, config.train_seed_offset,
                 held_out=config.held_out_seeds).take(config.tasks_per_step)
+    ranks = config.cluster.train_ranks
+    check_faults(config, ranks if ranks != AUTO else None)
+
+
+def check_faults(config: RunConfig, train_ranks: int | None) -> None:
+    """Injected faults that could never fire are refused. `train_ranks` None: not known yet ("auto", resolved
+    once Ray tells the cluster's GPUs, grpo.driver.resources), so a train rank's index is checked then."""
     for f in config.fault.faults:
-        count = {"rollout": config.cluster.rollout_workers, "train_rank": config.cluster.train_ranks}.get(f.target, 1)
-        if f.index >= count or f.step > config.steps:
+        count = {"rollout": config.cluster.rollout_workers, "train_rank": train_ranks}.get(f.target, 1)
+        if (count is not None and f.index >= count) or f.step > config.steps:
+            index = f"index below {count} (the {f.target}s the run has) and " if count is not None else ""
             raise ConfigError("RunConfig", "fault.inject", f.spec,
-                              f"a fault that can fire: index below {count} (the {f.target}s the run has) "
-                              f"and step at most steps ({config.steps})")
+                              f"a fault that can fire: {index}step at most steps ({config.steps})")
         if f.target == "checkpoint" and not _saves_at(f.step, config):
             raise ConfigError("RunConfig", "fault.inject", f.spec, f"a step that saves a checkpoint (every "
                               f"{config.checkpoint.every} steps and the last)")

@@ -1,8 +1,13 @@
-"""What a run carries from step to step, saved in every checkpoint and restored on resume."""
+"""What a run carries from step to step, saved in every checkpoint and restored on resume; and what a resumed
+run may change of its config."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import yaml
+
+from grpo.config import SECTIONS
 from rollout.worker import Task
 
 
@@ -54,3 +59,57 @@ class TaskSampler:
         seeds, after = training_seeds(self._keyed, self.offset + self.cursor, n, self.skip)
         self.cursor = after - self.offset
         return [Task(self.env, s, self.options) for s in seeds]
+
+
+# The fields a resumed run may change: each says how long to train, where to log, when to save or evaluate,
+# how to survive faults, where to place the actors, or how a batch is cut into passes that give the same update
+# (train.micro_batch_size "does not change the update"). None of them changes what a step trains on or how.
+# `steps` keeps the steps already run; a cosine schedule (train.schedule) runs over the new count from the
+# step resumed. A section's name with ".*" allows each of its fields.
+MAY_CHANGE = ("steps", "output_dir", "eval.every", "eval.target_success", "checkpoint.*", "metrics.*", "fault.*",
+              "cluster.*", "train.micro_batch_size", "train.tokens_per_micro_batch",
+              "train.activation_checkpointing", "train.share_prompts", "engine.kv_cache_memory_bytes",
+              "engine.gpu_memory_utilization", "engine.max_num_seqs")
+
+
+class ResumeConfigError(ValueError):
+    """A run folder holds a run whose config differs from this one in a field that changes the training."""
+
+
+def config_changes(old: dict, new: dict) -> list[tuple[str, object, object]]:
+    """(field, old value, new value) for each field the two configs (RunConfig.to_dict, as config.yaml holds
+    it) both have and set apart; a field only one has (one added or removed by an upgrade) is not compared."""
+    out = []
+    for key in old.keys() & new.keys():
+        if key in SECTIONS and isinstance(old[key], dict) and isinstance(new[key], dict):
+            out += [(f"{key}.{name}", old[key][name], new[key][name])
+                    for name in old[key].keys() & new[key].keys() if old[key][name] != new[key][name]]
+        elif old[key] != new[key]:
+            out.append((key, old[key], new[key]))
+    return sorted(out, key=lambda change: change[0])
+
+
+def may_change(field: str) -> bool:
+    return field in MAY_CHANGE or f"{field.split('.')[0]}.*" in MAY_CHANGE
+
+
+def check_resume(run_dir, config) -> list[tuple[str, object, object]]:
+    """Before a run resumes in `run_dir`: the changes from the config.yaml of the run it resumes, all of them
+    fields that MAY_CHANGE; any other change raises ResumeConfigError with the diff. A folder without a
+    checkpoint has nothing to resume: no changes."""
+    from grpo.learner import checkpoint
+
+    run_dir = Path(run_dir)
+    saved = run_dir / "config.yaml"
+    if not (saved.is_file() and (run_dir / "checkpoints" / checkpoint.MARKER).is_file()):
+        return []
+    changes = config_changes(yaml.safe_load(saved.read_text()) or {}, yaml.safe_load(config.to_yaml()))
+    refused = [c for c in changes if not may_change(c[0])]
+    if refused:
+        diff = "\n".join(f"  {name}: {old!r} -> {new!r}" for name, old, new in refused)
+        raise ResumeConfigError(
+            f"{run_dir} holds a run with another config (its config.yaml); resuming it would train on with "
+            f"settings it did not start with:\n{diff}\nGive a new output_dir to start a new run, or set "
+            f"{'these fields' if len(refused) > 1 else 'the field'} back to resume this one. Fields a resumed run "
+            "may change: " + ", ".join(MAY_CHANGE) + " (docs/troubleshooting.md, \"Resuming with a changed config\")")
+    return changes
