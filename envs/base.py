@@ -11,10 +11,16 @@ if TYPE_CHECKING:  # PIL is only needed by environments that draw; keep `import 
 
 @dataclass
 class Observation:
-    """What the model sees next: text, and zero or more images shown with it (in order)."""
+    """What the model sees next: text, and zero or more images shown with it (in order).
+
+    `messages`, on a first observation only: the whole conversation the reply follows, as chat messages
+    ({"role", "content"}: a system message, earlier turns, the last one the user's), rendered through the chat
+    template in place of one user turn of `text` (a dataset's conversational rows); `text` is then the last
+    user message. A system message there replaces `rollout.system_prompt`. Images go into the last message."""
 
     text: str
     images: list[Image] = field(default_factory=list)
+    messages: Optional[list[dict]] = None
 
 
 @dataclass

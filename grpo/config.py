@@ -37,6 +37,10 @@ class EnvConfig:
     def __post_init__(self):
         require(self, "name", isinstance(self.name, str) and bool(self.name), "a registered env name, e.g. 'maze'")
         require(self, "options", isinstance(self.options, dict), "a mapping of the env's options")
+        try:  # functions among the options are written to config.yaml by name: one that has none is refused now
+            _plain(self.options)
+        except ValueError as e:
+            raise ConfigError(self, "options", self.options, f"a function among them cannot be named: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,9 @@ class CheckpointConfig:
 class ClusterConfig:
     address: Optional[str] = None   # an existing Ray cluster ("auto", "ray://..."); None starts one here
     rollout_workers: int = 1        # one vLLM engine each (one per GPU on a cluster)
-    train_ranks: int = 2            # FSDP ranks
+    # FSDP ranks. "auto": from the cluster Ray finds (grpo/driver/resources.py): one a GPU, colocated or not
+    # (less the rollout workers' GPUs when not); 2 on a cluster without GPUs.
+    train_ranks: int | str = "auto"
     colocate: bool = True           # rollout engines share the trainer's devices (vLLM sleeps while training)
     # Extra Ray resources each rollout worker / each train rank asks for, e.g. {"rollout_node": 1}: with
     # custom resources on the nodes (`ray start --resources`) they put rollout and training on chosen nodes.
@@ -84,7 +90,8 @@ class ClusterConfig:
 
     def __post_init__(self):
         check_number(self, "rollout_workers", integer=True, ge=1)
-        check_number(self, "train_ranks", integer=True, ge=1)
+        if self.train_ranks != "auto":
+            check_number(self, "train_ranks", integer=True, ge=1, hint="or 'auto', resolved from the cluster's GPUs")
         check_bool(self, "colocate")
         for name in ("rollout_resources", "train_resources"):
             value = getattr(self, name)
@@ -161,7 +168,7 @@ SECTIONS = {
 
 @dataclass(frozen=True)
 class RunConfig:
-    model: str = ""                     # the local Hugging Face model folder (required)
+    model: str = ""                     # a local Hugging Face model folder or a Hub id, ORG/NAME (required)
     output_dir: str = "runs/grpo"       # the run folder: metrics, checkpoints, samples; a run there resumes
     steps: int = 100                    # GRPO steps (one rollout batch and one update each); the schedule's length
     tasks_per_step: int = 8             # tasks a step; each is rolled out algorithm.group_size times
@@ -192,7 +199,7 @@ class RunConfig:
             elif not isinstance(value, cls):
                 raise ConfigError(self, name, value, f"a {cls.__name__} or a mapping of its fields")
         require(self, "model", isinstance(self.model, str) and bool(self.model),
-                "the path of a local Hugging Face model folder")
+                "the path of a local Hugging Face model folder, or a Hub id (ORG/NAME)")
         check_number(self, "steps", integer=True, ge=0)
         check_number(self, "tasks_per_step", integer=True, ge=1)
         check_number(self, "seed", integer=True, ge=0)
@@ -206,8 +213,22 @@ class RunConfig:
                               "scores the full softmax, which biases the sampler mismatch and shrinks the TIS "
                               "weights; set rollout.top_p: 1 and control exploration with rollout.temperature "
                               "(evaluation is greedy and unaffected)")
+        self._check_reply_limit()
+        object.__setattr__(self, "algorithm", self.algorithm.for_run(self.rollout.max_tokens_per_turn,
+                                                                     self.rollout.history))
         self.train.check_length(self, "steps")
         self._check_pipeline()
+
+    def _check_reply_limit(self) -> None:
+        """rollout.max_tokens_per_turn: None is half the context (engine.max_model_len), room for long replies
+        and for the prompt; a limit of the whole context would end every episode before its first token."""
+        limit, context = self.rollout.max_tokens_per_turn, self.engine.max_model_len
+        if limit is None:
+            object.__setattr__(self, "rollout", dataclasses.replace(self.rollout, max_tokens_per_turn=context // 2))
+        elif limit >= context:
+            raise ConfigError(self, "rollout.max_tokens_per_turn", limit,
+                              f"fewer tokens than engine.max_model_len={context}, which holds the prompt too; "
+                              f"raise engine.max_model_len or leave max_tokens_per_turn unset ({context // 2})")
 
     def _check_pipeline(self) -> None:
         k = self.pipeline.max_staleness
@@ -351,8 +372,13 @@ def _is_tuple(hint) -> bool:
 
 
 def _plain(value):
+    """The config as YAML holds it; a function as its "module:qualname" name (envs.dataset.function_name)."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if callable(value):
+        from envs.dataset import function_name
+
+        return function_name(value)
     return value

@@ -96,8 +96,16 @@ class ChatFormat:
         return {"role": "user", "content": [{"type": "image"}] * len(obs.images) + [{"type": "text", "text": obs.text}]}
 
     def prompt_ids(self, obs: Observation) -> list[int]:
-        """The first turn: system prompt (if any), the first observation, then the assistant's opening."""
+        """The first turn: system prompt (if any), the first observation (or its messages), then the assistant's
+        opening."""
         head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        if obs.messages:
+            messages = [dict(m) for m in obs.messages]
+            messages[-1] = {**messages[-1], "content": self._user(Observation(messages[-1]["content"],
+                                                                               obs.images))["content"]}
+            if messages[0].get("role") == "system":
+                head = []
+            return self._ids(self._render(head + messages, True))
         return self._ids(self._render(head + [self._user(obs)], True))
 
     def observation_ids(self, obs: Observation, generated: list[int]) -> list[int]:

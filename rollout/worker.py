@@ -30,7 +30,9 @@ HISTORY_MODES = ("full", "text", "none")
 class RolloutConfig:
     temperature: float = 1.0  # the run's one temperature: vLLM samples at it and the trainer scores at it
     top_p: float = 1.0  # nucleus sampling; 1: the whole distribution, which training needs (see RunConfig)
-    max_tokens_per_turn: int = 32  # a reply's token limit
+    # A reply's token limit. None: half of engine.max_model_len, set by grpo.RunConfig, room for a reasoning
+    # reply and its prompt (a small fixed limit cut reasoning replies short); a RolloutConfig used alone sets it.
+    max_tokens_per_turn: int | None = None
     stop: tuple[str, ...] = ()  # strings that end a reply
     # "full": the whole conversation, images included, one growing sequence. "text": earlier images leave
     # the context, their text stays. "none": each turn sees the first observation's text and the current
@@ -59,7 +61,7 @@ class RolloutConfig:
     def __post_init__(self):
         check_number(self, "temperature", ge=0)
         check_number(self, "top_p", gt=0, le=1)
-        check_number(self, "max_tokens_per_turn", integer=True, ge=1)
+        check_number(self, "max_tokens_per_turn", integer=True, ge=1, optional=True)
         check_choice(self, "history", HISTORY_MODES + ("auto",))
         check_number(self, "max_turns", integer=True, ge=1, optional=True)
         check_number(self, "env_workers", integer=True, ge=1, hint="threads for env calls; 1 runs them in turn")

@@ -1,13 +1,17 @@
-"""The dataset env: rows scored by reward functions, by hand; then a few GRPO steps on a small arithmetic
-dataset through grpo.Trainer (the tiny text model, real vLLM, Ray and FSDP)."""
+"""The dataset env: rows scored by reward functions (ours and TRL's batched kind), conversational rows, Hub
+datasets from the local cache, by hand; then GRPO from YAML on a conversational arithmetic dataset with a
+TRL-style reward function, and on reasoning-gym tasks, through grpo.Trainer (the tiny text model, real vLLM,
+Ray and FSDP)."""
 import json
 import re
+import shutil
 import sys
 
 import pytest
 
 import envs
-from envs.dataset import DatasetEnv, load_rows, reward_functions
+from envs.base import Observation
+from envs.dataset import DatasetEnv, function_name, load_rows, reward_functions, reward_style
 
 
 def correct(prompt, completion, row):
@@ -87,7 +91,7 @@ def test_mistakes_are_named(tmp_path, monkeypatch):
         reward_functions("no_such_module_xyz:fn")
     with pytest.raises(ValueError, match="holdout=3 must be an integer from 0 to 2"):
         DatasetEnv(rows, rewards=correct, holdout=3)
-    with pytest.raises(ValueError, match="row 0 has no text under prompt_key='question'"):
+    with pytest.raises(ValueError, match="row 0 has no prompt under prompt_key='question'"):
         DatasetEnv(rows, rewards=correct, prompt_key="question").reset(0)
     env = DatasetEnv(rows, rewards={"bad": lambda p, c, r: "1"})
     env.reset(0)
@@ -113,6 +117,160 @@ def test_a_saved_hugging_face_dataset(tmp_path):
         load_rows(tmp_path / "ds")
     env = DatasetEnv(str(tmp_path / "ds"), rewards=correct, split="train")
     assert env.reset(4).text == arithmetic_rows(5)[4]["prompt"]
+
+
+def trl_correct(prompts, completions, answer, **kwargs):
+    """TRL's batched kind: the row's `answer` column comes as a keyword argument, one value per completion."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [float(re.findall(r"-?\d+", t)[-1:] == [str(a)]) for t, a in zip(texts, answer)]
+
+
+def test_trl_batched_reward_functions_get_the_columns_as_keyword_arguments():
+    seen = []
+
+    def spy(prompts, completions, **kwargs):
+        seen.append((prompts, completions, kwargs))
+        return [0.5]
+
+    env = DatasetEnv(arithmetic_rows(4), rewards={"correct": trl_correct, "spy": spy, "format": number_only},
+                     weights={"correct": 1.0, "spy": 2.0, "format": 0.25})
+    env.reset(2)
+    result = env.step(" 3")
+    # 1.0 * 1 + 2.0 * 0.5 + 0.25 * 1 = 2.25; TRL leaves the prompt column out of the keyword arguments.
+    assert result.info["rewards"] == {"correct": 1.0, "spy": 0.5, "format": 1.0} and result.reward == 2.25
+    assert seen == [(["What is 2+1? Answer with a number."], [" 3"], {"answer": [3]})]
+    assert [reward_style(f, "f", ["answer"]) for f in (trl_correct, spy, number_only, lambda p, c, r: 1.0)] == [
+        "trl", "trl", "row", "row"]
+
+    def accuracy(completions, solution, log_extra=None, **kwargs):  # trl.rewards.accuracy_reward's signature
+        return [1.0]
+
+    assert reward_style(accuracy, "accuracy", ["solution"]) == "trl"
+
+
+def test_a_none_reward_does_not_apply_as_in_trl():
+    def odd_only(completions, answer, **kwargs):
+        return [1.0 if a % 2 else None for a in answer]
+
+    env = DatasetEnv(arithmetic_rows(4), rewards={"odd": odd_only, "format": number_only},
+                     weights={"odd": 3.0, "format": 0.5})
+    env.reset(2)  # 2+1 = 3: odd
+    assert env.step("3").reward == 3.0 + 0.5
+    env.reset(1)  # 1+3 = 4: not applicable; success follows "odd", which did not score
+    even = env.step("4")
+    assert even.info["rewards"] == {"format": 1.0} and even.reward == 0.5 and not even.info["success"]
+    env = DatasetEnv(arithmetic_rows(4), rewards={"odd": odd_only})
+    env.reset(1)
+    with pytest.warns(UserWarning, match="every reward function returned None"):
+        assert env.step("4").reward == 0.0
+
+
+def test_ambiguous_or_unservable_signatures_are_refused():
+    rows = arithmetic_rows(2)
+    with pytest.raises(ValueError, match="takes any arguments"):
+        DatasetEnv(rows, rewards={"any": lambda *a, **kw: 1.0})
+    with pytest.raises(ValueError, match=r"takes \(x\): neither TRL's"):
+        DatasetEnv(rows, rewards={"one": lambda x: 1.0})
+    with pytest.raises(ValueError, match="requires `completion_ids`, which TRL passes and this env cannot"):
+        DatasetEnv(rows, rewards={"ids": lambda completions, completion_ids, **kw: [1.0]})
+    with pytest.raises(ValueError, match=r"requires `solution`, which is no column .*\['answer'\]"):
+        DatasetEnv(rows, rewards={"acc": lambda completions, solution, **kw: [1.0]})
+    env = DatasetEnv(rows, rewards={"two": lambda completions, **kw: [1.0, 1.0]})
+    env.reset(0)
+    with pytest.raises(ValueError, match="returned 2 values for one completion"):
+        env.step("1")
+
+
+CHAT = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "What is 2+1?"}]
+
+
+def test_conversational_rows_reach_the_model_as_messages(tiny_text):
+    from rollout.conversation import ChatFormat
+    from rollout.models import load_processor
+
+    seen = []
+
+    def spy(prompts, completions, **kwargs):
+        seen.append((prompts, completions))
+        return [1.0]
+
+    env = DatasetEnv([{"prompt": CHAT, "answer": 3}], rewards={"correct": trl_correct, "spy": spy})
+    obs = env.reset(0)
+    assert obs.text == "What is 2+1?" and obs.messages == CHAT
+    assert env.step("It is 3").info["rewards"] == {"correct": 1.0, "spy": 1.0}
+    # TRL's conversational completion: a list of one assistant message.
+    assert seen == [([CHAT], [[{"role": "assistant", "content": "It is 3"}]])]
+    tok = load_processor(tiny_text)
+    expected = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    assert ChatFormat(tok).prompt_ids(obs) == tok(expected, add_special_tokens=False)["input_ids"]
+    # The row's system message replaces rollout.system_prompt; a row without one gets it.
+    assert ChatFormat(tok, "Be brief.").prompt_ids(obs) == ChatFormat(tok).prompt_ids(obs)
+    user_only = Observation("What is 2+1?", messages=CHAT[1:])
+    assert ChatFormat(tok, "Be brief.").prompt_ids(user_only) == ChatFormat(tok, "Be brief.").prompt_ids(
+        Observation("What is 2+1?"))
+    with pytest.raises(ValueError, match="must end with the user's message"):
+        DatasetEnv([{"prompt": CHAT[:1]}], rewards=correct).reset(0)
+    with pytest.raises(ValueError, match="message 0 is .*'role': one of"):
+        DatasetEnv([{"prompt": [{"role": "robot", "content": "hi"}]}], rewards=correct).reset(0)
+
+
+def test_a_hub_dataset_by_name_from_the_offline_cache(tmp_path, monkeypatch):
+    import datasets
+    from datasets.data_files import DataFilesDict
+    from datasets.packaged_modules.json.json import Json
+
+    # The cache layout datasets writes for org/name on a first online load_dataset: <cache>/org___name/<config>/
+    # <version>/<hash>/name-<split>.arrow with its dataset_info.json; built here from local files.
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache))
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arithmetic_rows(5)))
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arithmetic_rows(2)))
+    builder = Json(dataset_name="arith", cache_dir=str(tmp_path / "build"), data_files=DataFilesDict.from_patterns(
+        {"train": [str(tmp_path / "train.jsonl")], "test": [str(tmp_path / "test.jsonl")]}))
+    builder.download_and_prepare()
+    shutil.copytree(builder.cache_dir, cache / "acme___arith" / "default" / "0.0.0" / "0123abcd")
+    env = envs.make("dataset", data="acme/arith", split="train", rewards=[correct])
+    assert len(env.rows) == 5 and env.reset(4).text == arithmetic_rows(5)[4]["prompt"]
+    with pytest.raises(ValueError, match=r"splits \['test', 'train'\]: choose one"):
+        load_rows("acme/arith")
+    with pytest.raises(FileNotFoundError, match=r"'acme/missing' is no file and is not in the Hugging Face "
+                                                r"datasets cache .*datasets.load_dataset\('acme/missing'\)"):
+        load_rows("acme/missing", split="train")
+
+
+def test_functions_in_options_are_written_to_config_yaml_by_name():
+    import yaml
+
+    import grpo
+    from grpo.algo.config import ConfigError
+
+    assert function_name(trl_correct) == "test_dataset_env:trl_correct"
+    cfg = grpo.RunConfig(model="m", env={"name": "dataset", "options": {
+        "data": arithmetic_rows(2), "rewards": {"correct": trl_correct, "format": "test_dataset_env:number_only"}}})
+    written = yaml.safe_load(cfg.to_yaml())["env"]["options"]["rewards"]
+    assert written == {"correct": "test_dataset_env:trl_correct", "format": "test_dataset_env:number_only"}
+    env = envs.make("dataset", **grpo.RunConfig.from_dict(yaml.safe_load(cfg.to_yaml())).env.options)
+    env.reset(1)
+    assert env.step("4").info["rewards"] == {"correct": 1.0, "format": 1.0}
+    with pytest.raises(ConfigError, match=r"EnvConfig.options=.*lambda or a function defined inside a function.*define "
+                                          r"it at the top level of an importable module"):
+        grpo.RunConfig(model="m", env={"name": "dataset", "options": {"rewards": [lambda p, c, r: 1.0]}})
+    script = {"__name__": "__main__"}  # a function defined in the script being run, as `python script.py` makes it
+    exec("def mine(prompt, completion, row):\n    return 1.0", script)
+    with pytest.raises(ConfigError, match=r"mine is defined in the script being run \(__main__\)"):
+        grpo.RunConfig(model="m", env={"name": "dataset", "options": {"rewards": [script["mine"]]}})
+
+
+def test_the_reply_limit_defaults_to_half_the_context_and_must_fit_in_it():
+    import grpo
+    from grpo.algo.config import ConfigError
+
+    assert grpo.RunConfig(model="m").rollout.max_tokens_per_turn == 4096 // 2
+    assert grpo.RunConfig(model="m", engine={"max_model_len": 1024}).rollout.max_tokens_per_turn == 512
+    assert grpo.RunConfig(model="m", rollout={"max_tokens_per_turn": 48}).rollout.max_tokens_per_turn == 48
+    with pytest.raises(ConfigError, match=r"max_tokens_per_turn=512 .*fewer tokens than engine.max_model_len=512"):
+        grpo.RunConfig(model="m", rollout={"max_tokens_per_turn": 512}, engine={"max_model_len": 512})
 
 
 @pytest.mark.slow
