@@ -14,12 +14,13 @@ T0 = time.perf_counter()
 from benchmarks._turns import add_workload_args, report, wait_go  # noqa: E402
 
 
-def cpu_vllm_settings() -> None:
+def cpu_vllm_settings(dtype: str | None = None) -> None:
     """TRL's colocated mode builds `vllm.LLM` for a GPU (a memory fraction, compiled graphs). On the CPU vLLM
     needs a fixed KV cache size and eager mode (docs/design.md, "vLLM on the CPU"): the same settings the
     engine runs with, added to TRL's call and nothing else changed. TRL passes no dtype, so vLLM's "auto" runs
     the float32 checkpoint in bfloat16 on the CPU: this side samples in bf16 (TRL's default), and trains in
-    float32."""
+    float32. `dtype` given: vLLM runs in it instead (benchmarks/_learning_trl.py samples and scores test
+    accuracy in the engine's dtype)."""
     import trl.generation.vllm_generation as gen
     import vllm
 
@@ -28,6 +29,8 @@ def cpu_vllm_settings() -> None:
             kwargs.pop("gpu_memory_utilization", None)
             kwargs.setdefault("kv_cache_memory_bytes", 512 << 20)
             kwargs["enforce_eager"] = True
+            if dtype is not None:
+                kwargs["dtype"] = dtype
             super().__init__(*args, **kwargs)
 
     gen.LLM = CpuLLM
