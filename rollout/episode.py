@@ -48,6 +48,8 @@ class Episode:
         self.actions: list[str] = []
         self.turn_states: list = []
         self.parse_errors = 0
+        self.reply_tokens: list[int] = []
+        self.truncated: list[bool] = []  # per reply: cut at max_tokens_per_turn
         self.success = False
         self.stop_reason: str | None = None
         self.info: dict = {}
@@ -71,6 +73,8 @@ class Episode:
         self.ids += gen.token_ids
         self.mask += [1] * len(gen.token_ids)
         self.lps += gen.logprobs
+        self.reply_tokens.append(len(gen.token_ids))
+        self.truncated.append(gen.finish_reason == "length")
         return self.chat.action_text(gen.token_ids)
 
     def parse_calls(self, action: str):
@@ -145,7 +149,8 @@ class Episode:
             turn_rewards=self.turn_rewards, num_turns=len(self.turn_rewards), stop_reason=self.stop_reason,
             adapter_version=adapter_version, success=self.success, parse_errors=self.parse_errors,
             actions=self.actions, turn_states=self.turn_states, info=dict(self.info),
-            tool_calls=self.tool_calls, tool_errors=dict(self.tool_errors),
+            tool_calls=self.tool_calls, tool_errors=dict(self.tool_errors), reply_tokens=list(self.reply_tokens),
+            truncated=list(self.truncated),
         )
 
 

@@ -42,6 +42,10 @@ class Trajectory:
     info: dict = field(default_factory=dict)
     tool_calls: int = 0                # calls the replies made to the env's tools (envs/tools.py)
     tool_errors: dict = field(default_factory=dict)  # calls that failed, per envs.tools.ERROR_KINDS kind
+    # Per reply, in turn order (run k of turn_spans is reply k): its tokens, and whether vLLM cut it at the token
+    # limit (finish_reason "length"); empty where the rollout does not record them (an agent's own client).
+    reply_tokens: list[int] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
 
     @property
     def reward(self) -> float:

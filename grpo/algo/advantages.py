@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Hashable, Sequence
+from typing import Hashable, Optional, Sequence
 
 import torch
 
@@ -107,20 +107,45 @@ def step_advantages(turn_rewards: Sequence[Sequence[float]], turn_states: Sequen
     return StepAdvantages(advantages=adv, anchored_share=anchored / turns if turns else 0.0)
 
 
-def batch_advantages(trajs: Sequence, algo: AlgorithmConfig) -> tuple[list, list[int], dict]:
+def overlong_penalty(reply_tokens: int, limit: int, buffer: int, penalty: float = 1.0) -> float:
+    """DAPO's soft overlong punishment of a reply of `reply_tokens` tokens under a limit of `limit`: 0 up to
+    limit - buffer, then falling linearly to -penalty at the limit (and beyond)."""
+    over = reply_tokens - (limit - buffer)
+    return -penalty * min(max(over, 0), buffer) / buffer
+
+
+def shaped_turn_rewards(trajectory, algo: AlgorithmConfig, reply_limit: Optional[int]) -> list[float]:
+    """The trajectory's turn rewards, each with its reply's overlong penalty (algo.overlong_buffer) added."""
+    buffer = algo.overlong_buffer
+    if buffer is None or reply_limit is None:
+        return list(trajectory.turn_rewards)
+    return [r + overlong_penalty(n, reply_limit, buffer, algo.overlong_penalty)
+            for r, n in zip(trajectory.turn_rewards, trajectory.reply_tokens)] + list(
+        trajectory.turn_rewards[len(trajectory.reply_tokens):])
+
+
+def batch_advantages(trajs: Sequence, algo: AlgorithmConfig,
+                     reply_limit: Optional[int] = None) -> tuple[list, list[int], dict]:
     """A step's advantages from its episodes (in groups of algo.group_size, group by group): per episode its
     group-relative advantage, or with step_weight > 0 one value per turn, the episode's advantage plus
     step_weight x the turn's step-level advantage; the indices of the episodes to train on; and the credit
-    figures logged with the step."""
+    figures logged with the step. With algo.overlong_buffer, each reply's overlong penalty under
+    `reply_limit` (rollout.max_tokens_per_turn) is added to its turn's reward first."""
     g = algo.group_size
-    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32).view(-1, g)
+    shaping = algo.overlong_buffer is not None and reply_limit is not None
+    turn_rewards = [shaped_turn_rewards(t, algo, reply_limit) for t in trajs] if shaping else None
+    episode_rewards = [sum(r) for r in turn_rewards] if shaping else [t.reward for t in trajs]
+    rewards = torch.tensor(episode_rewards, dtype=torch.float32).view(-1, g)
     out = group_advantages(rewards, algo)
     episode = out.advantages.flatten().tolist()
     keep = out.keep.repeat_interleave(g).tolist()
     credit = {"zero_signal_groups": int(out.zero_signal.sum())}
+    if shaping:
+        penalties = [r - t.reward for r, t in zip(episode_rewards, trajs)]
+        credit["overlong_penalty_mean"] = sum(penalties) / len(penalties) if penalties else 0.0
     if algo.step_weight == 0:
         return episode, [i for i in range(len(trajs)) if keep[i]], credit
-    steps = step_advantages([t.turn_rewards for t in trajs], [t.turn_states for t in trajs],
+    steps = step_advantages(turn_rewards or [t.turn_rewards for t in trajs], [t.turn_states for t in trajs],
                             [t.group_id for t in trajs], algo)
     adv = [[a + algo.step_weight * s for s in per_turn] for a, per_turn in zip(episode, steps.advantages)]
     # A group with equal rewards can still rank the moves made from a shared state.

@@ -141,7 +141,7 @@ LOGPROB_CHUNK_TOKENS = 256  # 256 x 151k float32 logits: 156 MB at Qwen3-VL's vo
 
 
 def token_logprobs(model, batch: Batch, mask: torch.Tensor | None = None, temperature: float = 1.0,
-                   chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> torch.Tensor:
+                   chunk_tokens: int = LOGPROB_CHUNK_TOKENS, entropy: bool = False):
     """logprob of token t given the tokens before it, [B, T]; zero where `mask` is 0 and at position 0.
 
     The vocabulary projection runs on the hidden states at the masked positions only, `chunk_tokens` at a
@@ -151,6 +151,8 @@ def token_logprobs(model, batch: Batch, mask: torch.Tensor | None = None, temper
     with image and video markers excluded, as the rollout engine samples it (they are banned there: an
     untrained model that emits one would announce an image that does not exist), so they are excluded
     here too; vLLM reports logprobs of that same distribution (logprobs_mode="processed_logprobs").
+    With `entropy`, returns (logprobs, entropies): each position's entropy of that distribution too,
+    detached, from the same chunks' logits.
     """
     want = (batch.attention_mask if mask is None else mask)[:, 1:].bool()
     if batch.seq_starts is not None:  # a packed sequence's first token does not follow the one before it
@@ -158,37 +160,50 @@ def token_logprobs(model, batch: Batch, mask: torch.Tensor | None = None, temper
     head_owner = unwrapped(model)
     head = head_owner.get_output_embeddings()
 
+    scorers = []
+
     def scorer_for(want, targets, first=None):
-        return _MaskedLogprobs(head, want, targets, batch.banned_ids, temperature, chunk_tokens,
-                               _softcap(head_owner), first)
+        scorers.append(_MaskedLogprobs(head, want, targets, batch.banned_ids, temperature, chunk_tokens,
+                                       _softcap(head_owner), first, entropy))
+        return scorers[-1]
 
     if batch.share_prompts:
         from grpo.learner import shared_prompt
 
-        return shared_prompt.token_logprobs(model, head_owner, batch, want, scorer_for)
-    # The scorer stands in for the output projection inside the model's own forward, so that FSDP has the
-    # projection's weights gathered when it runs, as for the projection itself.
-    head_owner.set_output_embeddings(scorer_for(want, batch.input_ids[:, 1:][want]))
-    try:
-        with _no_softcap(head_owner):
-            lp = model(**batch.model_kwargs(), use_cache=False).logits
-    finally:
-        head_owner.set_output_embeddings(head)
-    out = torch.zeros(batch.input_ids.shape, dtype=lp.dtype, device=lp.device)
-    out[:, 1:][want] = lp
-    return out
+        if entropy:
+            raise ValueError("entropies with train.share_prompts: not supported (the shared pass scores the rows' "
+                             "rest apart); set train.share_prompts: false for algorithm.top_entropy_quantile < 1")
+        out = shared_prompt.token_logprobs(model, head_owner, batch, want, scorer_for)
+    else:
+        # The scorer stands in for the output projection inside the model's own forward, so that FSDP has the
+        # projection's weights gathered when it runs, as for the projection itself.
+        head_owner.set_output_embeddings(scorer_for(want, batch.input_ids[:, 1:][want]))
+        try:
+            with _no_softcap(head_owner):
+                lp = model(**batch.model_kwargs(), use_cache=False).logits
+        finally:
+            head_owner.set_output_embeddings(head)
+        out = torch.zeros(batch.input_ids.shape, dtype=lp.dtype, device=lp.device)
+        out[:, 1:][want] = lp
+    if not entropy:
+        return out
+    ent = torch.zeros_like(out)
+    ent[:, 1:][want] = scorers[-1].entropy.to(ent.dtype)
+    return out, ent
 
 
 
 class _MaskedLogprobs(torch.nn.Module):
     """The output projection and log-softmax of the masked positions, chunk by chunk; returns their logprobs."""
 
-    def __init__(self, head, want, targets, banned, temperature, chunk_tokens, softcap, first=None):
+    def __init__(self, head, want, targets, banned, temperature, chunk_tokens, softcap, first=None,
+                 entropy: bool = False):
         super().__init__()
         self.head = head
         self.want, self.targets, self.banned = want, targets, list(banned)
         self.temperature, self.chunk, self.softcap = temperature, chunk_tokens, softcap
         self.first = first  # [B, hidden]: the hidden state before each row's first token (a shared prompt's last)
+        self.with_entropy, self.entropy = entropy, None  # the entropies of the last forward's positions, detached
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         from torch.utils.checkpoint import checkpoint
@@ -203,23 +218,40 @@ class _MaskedLogprobs(torch.nn.Module):
                 parts.append(checkpoint(self._chunk, h, t, use_reentrant=False))
             else:
                 parts.append(self._chunk(h, t))
-        return torch.cat(parts) if parts else picked.new_zeros(0, dtype=torch.float32)
+        out = torch.cat(parts) if parts else picked.new_zeros((0, 2) if self.with_entropy else 0, dtype=torch.float32)
+        if not self.with_entropy:
+            return out
+        # Outside the checkpointed chunks: their recomputation in the backward pass leaves this alone.
+        self.entropy = out[:, 1].detach()
+        return out[:, 0]
 
     def _chunk(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.head(h).float()
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        return target_logprobs(logits, targets, self.banned, self.temperature)
+        logp = policy_logprobs(logits, self.banned, self.temperature)
+        lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        if not self.with_entropy:
+            return lp
+        with torch.no_grad():
+            entropy = torch.special.entr(logp.exp()).sum(-1)  # entr(0) = 0: banned ids add nothing
+        return torch.stack([lp, entropy], -1)
 
 
 def target_logprobs(logits: torch.Tensor, targets: torch.Tensor, banned=(), temperature: float = 1.0) -> torch.Tensor:
     """[N, vocabulary] float32 logits -> [N]: each target's logprob under the policy (banned ids excluded,
     logits divided by the temperature). Modifies `logits`."""
+    return policy_logprobs(logits, banned, temperature).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def policy_logprobs(logits: torch.Tensor, banned=(), temperature: float = 1.0) -> torch.Tensor:
+    """[N, vocabulary] float32 logits -> the policy's log-distribution (banned ids at -inf, logits divided by
+    the temperature). Modifies `logits`."""
     if banned:
         logits[:, list(banned)] = float("-inf")
     if temperature != 1.0:
         logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return torch.log_softmax(logits, dim=-1)
 
 
 def logprobs_from_logits(logits: torch.Tensor, batch: Batch, mask: torch.Tensor) -> torch.Tensor:

@@ -37,8 +37,9 @@ _REFERENCE = "reference"  # the adapter name of the frozen copy of the starting 
 class _Item:
     segment: Any  # rollout.trajectory.Segment
     advantages: torch.Tensor  # per token of the segment: its turn's advantage on generated tokens, 0 elsewhere
+    mask: torch.Tensor  # per token: 1 on the generated tokens that train (trained_masks)
     episode: int  # the index of its trajectory in the batch
-    episode_tokens: int  # the generated tokens of its whole trajectory: sequence_mean's per-episode length
+    episode_tokens: int  # the trained tokens of its whole trajectory: sequence_mean's per-episode length
 
 
 def token_advantages(trajectory, advantage: float | Sequence[float]) -> list[torch.Tensor]:
@@ -60,6 +61,21 @@ def token_advantages(trajectory, advantage: float | Sequence[float]) -> list[tor
             turn += 1
         out.append(t)
     return out
+
+
+def trained_masks(trajectory, mask_truncated: bool) -> list[torch.Tensor]:
+    """Per segment of `trajectory`, its loss mask as a long tensor; with `mask_truncated`, 0 on the replies
+    vLLM cut at the token limit (Trajectory.truncated)."""
+    masks = [torch.as_tensor(seg.loss_mask, dtype=torch.long) for seg in trajectory.segments]
+    if not (mask_truncated and any(trajectory.truncated)):
+        return masks
+    reply = 0
+    for mask, runs in zip(masks, trajectory.turn_spans()):
+        for start, end in runs:
+            if trajectory.truncated[reply]:
+                mask[start:end] = 0
+            reply += 1
+    return masks
 
 
 class TrainWorker:
@@ -177,8 +193,21 @@ class TrainWorker:
         advantages = advantages.tolist() if torch.is_tensor(advantages) else list(advantages)
         if len(advantages) != len(trajectories):
             raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages: one per trajectory")
-        items = [_Item(seg, adv, e, traj.num_generated) for e, (traj, a) in enumerate(zip(trajectories, advantages))
-                 for seg, adv in zip(traj.segments, token_advantages(traj, a)) if seg.num_generated > 0]
+        items = []
+        for e, (traj, a) in enumerate(zip(trajectories, advantages)):
+            masks = trained_masks(traj, self.algorithm.mask_truncated)
+            trained = sum(int(m.sum()) for m in masks)
+            # A segment with no trained token (none generated, or every reply cut at the limit) adds nothing.
+            items += [_Item(seg, adv, m, e, trained) for seg, adv, m in zip(traj.segments, token_advantages(traj, a),
+                                                                           masks) if m.any()]
+        split_episodes = [trajectories[i].task_id for i in {it.episode for it in items}
+                          if sum(it.episode == i for it in items) > 1]
+        if self.algorithm.sequence_level and split_episodes:
+            name = self.algorithm.sequence_level[0]
+            raise ValueError(f"algorithm.{name}={getattr(self.algorithm, name)!r} reads all the tokens of an episode "
+                             f"in one forward, but episode {split_episodes[0]} came as several segments (a turn "
+                             "each: rollout.history text or none, or an agent's calls that do not continue each "
+                             "other); set rollout.history: full, or turn the setting off")
         lr = self.train.lr_at(self.step, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -233,7 +262,7 @@ class TrainWorker:
         prompts = {i: shared_prompt.prompt_of(items[i].segment) for i in chunk} if self.train.share_prompts else None
         micro = [micro_batches(s, lengths, self.train.micro_batch_size, prompts) if budget is None else
                  token_rows({i: lengths[i] for i in s}, budget) for s in shares]
-        masks = [torch.as_tensor(items[i].segment.loss_mask)[None] for i in chunk]
+        masks = [items[i].mask[None] for i in chunk]
         episodes = len({items[i].episode for i in chunk})
         return Plan(micro=micro[self.rank], passes=max(len(m) for m in micro),
                      normalizer=loss_normalizer(masks, self.algorithm, episodes), filler=chunk[0])
@@ -250,7 +279,7 @@ class TrainWorker:
     def _expand(self, item: _Item) -> forward.Expanded:
         seg = item.segment
         return forward.expand(self.processor, seg.token_ids, seg.images, [
-            torch.as_tensor(seg.loss_mask, dtype=torch.long),
+            item.mask,
             torch.as_tensor(seg.sampler_logprobs, dtype=torch.float32),
             item.advantages,
         ])
@@ -339,19 +368,26 @@ class TrainWorker:
                     ref = self._reference(batch, mask)
                 else:
                     ref = batch.per_token[4] if len(batch.per_token) > 4 else None
-                logprobs = forward.token_logprobs(self.model, batch, mask, self.temperature)
+                entropy = None
+                if self.algorithm.top_entropy_quantile < 1:
+                    logprobs, entropy = forward.token_logprobs(self.model, batch, mask, self.temperature, entropy=True)
+                else:
+                    logprobs = forward.token_logprobs(self.model, batch, mask, self.temperature)
             old = logprobs.detach() if scored is None else batch.per_token[3]
             if self.algorithm.old_logprobs == "sampler":  # the sampler's are the old policy; the trainer's take
                 old, sampler = sampler, old  # their place in |old - sampler|: sampler_abs_diff stays the sync alarm
             # A filler pass only keeps this rank's collectives in step with the others: with no token in its
             # loss mask it has loss 0, no gradient and no weight in the metrics.
             episode_tokens = torch.tensor([float(items[i].episode_tokens) for i in indices])
+            episodes = torch.tensor([items[i].episode for i in indices])[:, None].expand(mask.shape)
             if batch.seq_starts is not None:  # per token: a packed row holds several episodes' sequences
+                spans = list(self._spans(batch, indices, expanded))
                 episode_tokens = torch.cat([torch.full((n,), float(items[i].episode_tokens))
-                                            for i, _, _, n in self._spans(batch, indices, expanded)])[None]
+                                            for i, _, _, n in spans])[None]
+                episodes = torch.cat([torch.full((n,), items[i].episode) for i, _, _, n in spans])[None]
             out = policy_loss(logprobs, old, adv, mask if real else torch.zeros_like(mask), self.algorithm,
                               plan.normalizer / self.world_size, ref_logprobs=ref, sampler_logprobs=sampler,
-                              sequence_tokens=episode_tokens)
+                              sequence_tokens=episode_tokens, sequence_ids=episodes.to(mask.device), entropy=entropy)
             out.loss.backward()
             outputs.append(out)
             if real:
