@@ -14,6 +14,7 @@ grpo.driver.session; hooks for users' code: grpo.driver.callbacks.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -21,17 +22,17 @@ from pathlib import Path
 
 from grpo.algo.advantages import batch_advantages, next_draw
 from grpo.config import RunConfig
-from grpo.driver import session, storage
+from grpo.driver import resources, session, storage
 from grpo.driver.callbacks import CallbackList
 from grpo.driver.eval import eval_summary
 from grpo.driver.fault import RECORD as fault_record
 from grpo.driver.fault import ActorFault, InjectionPlan, flip_byte
 from grpo.driver.pipeline import Pipeline, check_versions, pipeline_record
-from grpo.driver.preflight import check_run
+from grpo.driver.preflight import check_faults, check_run
 from grpo.driver.progress import progress
 from grpo.driver.rollout_pool import RolloutPool, fetch
 from grpo.driver.run_lock import RunLock
-from grpo.driver.state import RunState, TaskSampler
+from grpo.driver.state import RunState, TaskSampler, check_resume
 from grpo.driver.train_group import StoredEpisodes, TrainGroup
 from grpo.learner import checkpoint
 from grpo.report import summary as run_summary
@@ -40,6 +41,7 @@ from grpo.report.metrics import MetricsSink, drop_steps_after, json_safe
 from grpo.report.samples import SampleWriter, pick, reward_components
 from grpo.report.table import summary_rows, table
 from rollout import runtime
+from rollout.models import resolve_model
 from rollout.trajectory import merge_stats
 from rollout.worker import Task
 from sync.atomic import atomic_write
@@ -55,12 +57,15 @@ class Trainer:
             raise TypeError(f"Trainer takes a grpo.RunConfig, got {type(config).__name__}")
         self.config = config
         self.run_dir = Path(config.output_dir).resolve()
-        check_run(config)
+        # The folder every actor loads (a Hub id's snapshot, found once here); config.yaml keeps the id.
+        self.model_path = str(resolve_model(config.model))
+        check_run(dataclasses.replace(config, model=self.model_path))
         self.callbacks = CallbackList(callbacks)
         self.state = RunState()
         self.pool = self.group = self.sink = self.pipeline = None
-        self.samples = SampleWriter(self.run_dir / "samples.jsonl", config.model)
-        self.eval_samples = SampleWriter(self.run_dir / "eval_samples.jsonl", config.model)
+        self.placement: resources.Placement | None = None  # what the actors ask Ray for, set once Ray started
+        self.samples = SampleWriter(self.run_dir / "samples.jsonl", self.model_path)
+        self.eval_samples = SampleWriter(self.run_dir / "eval_samples.jsonl", self.model_path)
         self.restarts = 0
         self._step = 0  # the step running now (1-based); 0 while starting
         self._recovery: dict | None = None  # the last fault's restart event, logged once a step completed
@@ -73,6 +78,7 @@ class Trainer:
         restore = session.catch_sigterm()
         plan = InjectionPlan(self.config.fault.faults, record=self.run_dir / fault_record)
         self.state, self.restarts, self._step, self._recovery = RunState(), 0, 0, None
+        self.callbacks.stop = None
         try:
             self.callbacks.call("on_train_begin", self)
             with self.callbacks.phase(self, "start"):
@@ -108,11 +114,14 @@ class Trainer:
         cfg, state = self.config, self._resume_or_begin()
         sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state.cursor, cfg.held_out_seeds)
         first = state.step + 1
+        stopped = f"ran all {cfg.steps} steps"  # summary.json's `stopped`, unless a target or a callback ends it
         if _met(state.evals.get(str(state.step)), cfg.eval.target_success):
             # A run that stopped at its target is done: run again, it reports, it does not train on.
             print(f"[grpo] this run reached eval.target_success={cfg.eval.target_success:g} at step {state.step}: "
                   "nothing left to train (a higher target trains on; a new output_dir starts over)", file=sys.stderr)
-            first = cfg.steps + 1
+            first, stopped = cfg.steps + 1, _reached(cfg, state.step)
+        if self.callbacks.stop:  # returned while starting (on_train_begin, the evals before training)
+            first, stopped = cfg.steps + 1, self.callbacks.stop
         bar = progress(state.step, cfg.steps, cfg.group_size, cfg.engine.max_model_len)
         try:
             for step in range(first, cfg.steps + 1):
@@ -129,18 +138,22 @@ class Trainer:
                     self._log_restart()
                 bar(record)
                 reached = _met(record.get("eval"), cfg.eval.target_success)
-                if checkpoint.should_save(step, cfg.checkpoint.every, cfg.steps) or reached:
+                # A callback's Stop ends the run after this step, as a reached target does: with a checkpoint.
+                if checkpoint.should_save(step, cfg.checkpoint.every, cfg.steps) or reached or self.callbacks.stop:
                     with self.callbacks.phase(self, "checkpoint"):
                         self._save()
                     for _ in plan.take(step, "checkpoint"):
                         flip_byte(Path(checkpoint.latest(self.checkpoint_root).path) / "__0_0.distcp")
-                if reached:
+                if reached or self.callbacks.stop:
+                    stopped = self.callbacks.stop or _reached(cfg, step)
                     break
         finally:
             bar.close()
         if self._recovery is not None:  # recovered after the last step (a fault in the final eval)
             self._log_restart()
-        return self._finish()
+        if self.callbacks.stop:
+            print(f"[grpo] stopped after step {state.step} by {self.callbacks.stop}", file=sys.stderr)
+        return self._finish(stopped)
 
     def _train_step(self, step: int, sampler: TaskSampler, plan: InjectionPlan) -> tuple[dict, tuple]:
         """Rollouts, advantages, the update and the new adapter served: the step's record and its episodes
@@ -203,7 +216,7 @@ class Trainer:
             trajs, groups = trajs + part, groups + refs
             parts.append(stats)
             with phase(self, "advantages"):
-                adv, kept, credit = batch_advantages(trajs, algo)
+                adv, kept, credit = batch_advantages(trajs, algo, cfg.rollout.max_tokens_per_turn)
             signal = sorted({i // g for i in kept})
             n = next_draw(wanted, len(signal), len(trajs) // g, cap) if algo.dynamic_sampling else 0
         if algo.dynamic_sampling:
@@ -211,6 +224,8 @@ class Trainer:
             kept = [i for i in kept if i // g in chosen]
         drawn, trained = len(trajs) // g, len({i // g for i in kept})
         rstats = merge_stats(parts, sequential=True).as_dict()
+        replies = [cut for t in trajs for cut in t.truncated]
+        rstats.update(truncated=sum(replies) / len(replies) if replies else 0.0)  # replies cut at max_tokens_per_turn
         rstats.update(groups_drawn=drawn, groups_trained=trained, draw_rounds=len(parts),
                       draws_per_kept_group=drawn / trained if trained else None)
         credit["pipeline"] = pipeline_record(self.pipeline, self.pipeline.staleness(ticket, step), trained, waited,
@@ -358,7 +373,8 @@ class Trainer:
         state.rollout_rng = self.pool.rng_states()
         self.group.save_checkpoint(self.checkpoint_root, state=state.to_dict(), keep_last=self.config.checkpoint.keep)
 
-    def _finish(self) -> dict:
+    def _finish(self, stopped: str) -> dict:
+        """The evaluations after training and summary.json; `stopped` says why the run ended."""
         cfg, state = self.config, self.state
         after = self.evaluate(label="after")
         test = self.evaluate(cfg.test_seeds, label="test") if cfg.test_seeds else None
@@ -370,7 +386,7 @@ class Trainer:
         summary = {
             "eval_before": state.eval_before["success_rate"], "eval_after": after["success_rate"],
             "test_before": state.test_before["success_rate"] if state.test_before else None,
-            "test_after": test["success_rate"] if test else None, "steps": state.step,
+            "test_after": test["success_rate"] if test else None, "steps": state.step, "stopped": stopped,
             "grpo_wall_s": round(time.time() - state.started, 1), "adapter_version": state.version,
             "adapter_path": str(Path(self.store_root) / "adapters" / f"v{state.version:06d}"),
             "evals": state.evals, "eval_after_detail": after, "test_after_detail": test,
@@ -394,23 +410,31 @@ class Trainer:
         return str(self.run_dir / "checkpoints")
 
     def _start(self) -> None:
-        """Ray and the metrics sink: once per fit(), kept across restarts."""
+        """Ray and the metrics sink: once per fit(), kept across restarts. A resume with a changed config and an
+        ask the cluster cannot meet are refused here, before anything is placed."""
+        import ray
+
         cfg = self.config
+        changes = check_resume(self.run_dir, cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         runtime.configure(self.run_dir, runtime.shared_cache_dir(self.run_dir))
+        self._ray.start(cfg.cluster.address, resources.cpus_to_start(cfg.cluster))
+        self.placement = resources.plan(cfg.cluster, ray.cluster_resources())
+        check_faults(cfg, self.placement.train_ranks)
         atomic_write(str(self.run_dir / "config.yaml"), cfg.to_yaml().encode())
-        self._ray.start(cfg.cluster.address, cfg.cluster.train_ranks + cfg.cluster.rollout_workers)
         self.sink = MetricsSink(self.run_dir, cfg.metrics.tensorboard, cfg.metrics.prometheus_port,
                                 wandb=cfg.metrics.wandb, run_config=cfg.to_dict())
+        if changes:
+            self.sink.log({"event": "config_change", "changes": [
+                {"field": name, "old": old, "new": new} for name, old, new in changes]})
+            print("[grpo] resuming with a changed config: " + ", ".join(
+                f"{name} {old!r} -> {new!r}" for name, old, new in changes), file=sys.stderr)
 
     def _start_actors(self) -> None:
         """Rollout workers and train ranks, fresh: at the start and after every fault."""
-        import ray
-
         cfg, c, f = self.config, self.config.cluster, self.config.fault
-        gpus = ray.cluster_resources().get("GPU", 0) > 0
-        share = 0.5 if (gpus and c.colocate) else (1.0 if gpus else 0.0)
-        engine = cfg.engine_config()
+        share = self.placement.gpu_share
+        engine = dataclasses.replace(cfg, model=self.model_path).engine_config()
         self.pool = RolloutPool(engine, self.store_root, str(self.run_dir), c.rollout_workers, share,
                                 resources=c.rollout_resources, call_timeout_s=f.call_timeout_s,
                                 env_names=[cfg.env.name])
@@ -420,7 +444,7 @@ class Trainer:
             Path(self.checkpoint_root) / checkpoint.MARKER).exists()
         test = cfg.test_seeds if fresh else []  # the test set too, reported beside the eval before training
         self._early_eval = (self._submit_eval(), self._submit_eval(test) if test else None) if fresh else None
-        self.group = TrainGroup(cfg.model, c.train_ranks, lora=cfg.lora, algorithm=cfg.algorithm,
+        self.group = TrainGroup(self.model_path, self.placement.train_ranks, lora=cfg.lora, algorithm=cfg.algorithm,
                                 train=cfg.train, temperature=cfg.rollout.temperature, total_steps=cfg.steps,
                                 adapter_path=cfg.adapter, dtype=cfg.engine.dtype, gpus_per_rank=share,
                                 resources=c.train_resources, start_timeout_s=f.start_timeout_s,
@@ -443,6 +467,10 @@ class Trainer:
 
 def rstats_version(trajs) -> int:
     return trajs[0].adapter_version if trajs else -1
+
+
+def _reached(cfg: RunConfig, step: int) -> str:
+    return f"eval.target_success={cfg.eval.target_success:g} reached at step {step}"
 
 
 def _met(evaluation: dict | None, target) -> bool:
