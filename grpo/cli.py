@@ -1,7 +1,8 @@
 """The `grpo` command (also `python -m grpo`):
 
-    grpo train CONFIG.yaml [--section.field VALUE ...] [--dry-run] [--supervise [N]]
+    grpo train CONFIG.yaml [--section.field VALUE ...] [--import MODULE] [--dry-run] [--supervise [N]]
     grpo eval RUN_OR_ADAPTER [--seeds 0-63] [--samples K] [--base] [--adapter DIR] ...
+    grpo export RUN [--step N] [--out DIR] [--merged DIR] [--push-to-hub ORG/NAME]
     grpo doctor [--json] [--model PATH] [--run-dir runs/doctor]
     grpo models list | pull NAME_OR_GGUF
 
@@ -27,20 +28,32 @@ from pathlib import Path
 OVERRIDES = "config overrides: --algo.clip_high 0.28 --steps 10 --rollout.temperature=0.7 --env.options '{size: 7}'"
 
 
+def _add_import(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                    help="import a module first (one that registers your env with envs.register); repeatable")
+
+
 def train(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="grpo train", description="Run a GRPO config.", epilog=OVERRIDES)
     ap.add_argument("config", help="a YAML file of RunConfig fields")
+    _add_import(ap)
     ap.add_argument("--dry-run", action="store_true", help="validate and print the resolved config, then exit")
     ap.add_argument("--supervise", type=int, nargs="?", const=3, metavar="N",
                     help="relaunch the driver when it dies of a signal (out-of-memory kill, segfault), resuming from "
                          "the last checkpoint, at most N times (default 3); grpo/driver/supervise.py")
     args, overrides = ap.parse_known_args(argv)
 
+    import importlib
+
     import envs
     from grpo.algo.config import ConfigError
     from grpo.config import RunConfig
     from grpo.driver.preflight import check_run
+    from grpo.driver.resources import ResourceError
+    from grpo.driver.state import ResumeConfigError
 
+    for module in args.imports:  # the user's env registered before the config names it
+        importlib.import_module(module)
     try:
         config = RunConfig.from_yaml(args.config, overrides)
     except (ConfigError, ValueError, FileNotFoundError) as e:
@@ -66,8 +79,9 @@ def train(argv: list[str]) -> int:
 
         if args.supervise < 0:
             ap.error(f"--supervise {args.supervise}: give how many relaunches to allow, 0 or more")
-        return supervise([sys.executable, "-m", "grpo", "train", args.config, *overrides], config.output_dir,
-                         args.supervise)
+        imports = [f"--import={module}" for module in args.imports]
+        return supervise([sys.executable, "-m", "grpo", "train", args.config, *imports, *overrides],
+                         config.output_dir, args.supervise)
     from grpo.driver.trainer import Trainer
 
     try:
@@ -75,7 +89,11 @@ def train(argv: list[str]) -> int:
     except (FileNotFoundError, ValueError, envs.EnvError) as e:
         print(f"grpo train: {e}", file=sys.stderr)
         return 2
-    summary = trainer.fit()
+    try:
+        summary = trainer.fit()
+    except (ResumeConfigError, ResourceError) as e:  # refused before anything was placed: nothing to clean up
+        print(f"grpo train: {e}", file=sys.stderr)
+        return 2
     print(json.dumps({k: summary[k] for k in ("eval_before", "eval_after", "test_before", "test_after", "steps",
                                                   "grpo_wall_s")}))
     return 0
@@ -94,8 +112,7 @@ def evaluate(argv: list[str]) -> int:
     ap.add_argument("--model", help="the model folder (default: the run's, or the adapter's base model)")
     ap.add_argument("--env", help="an env name (default: the run's)")
     ap.add_argument("--options", help="the env's options as JSON (default: the run's)")
-    ap.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                    help="import a module first (one that registers your env with envs.register)")
+    _add_import(ap)
     ap.add_argument("--out", help="the JSONL file for the decoded episodes (default: RUN/eval/<adapter>.jsonl)")
     args, overrides = ap.parse_known_args(argv)
 
@@ -131,7 +148,11 @@ def evaluate(argv: list[str]) -> int:
         tag += f"-samples{args.samples}"
     home = run_dir if run_dir is not None else Path.cwd()
     out = Path(args.out) if args.out else home / "eval" / f"{tag}.jsonl"
-    result = run_eval.evaluate(cfg, adapter, seeds, args.samples, home, out)
+    try:
+        result = run_eval.evaluate(cfg, adapter, seeds, args.samples, home, out)
+    except FileNotFoundError as e:  # the model: a Hub id in no cache, a folder that is gone
+        print(f"grpo eval: {e}", file=sys.stderr)
+        return 2
     from grpo.report.table import table
 
     print(table(_eval_rows(result, cfg, seeds)))
@@ -154,6 +175,32 @@ def _eval_rows(result: dict, cfg, seeds: list[int]) -> list[tuple[str, str]]:
     if result.get("episodes_file"):
         out.append(("episodes (decoded)", result["episodes_file"]))
     return out
+
+
+def export(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="grpo export", description="Write a run's LoRA adapter as a folder to take "
+                                 "home (peft's files and a README model card), optionally merged into the full "
+                                 "model and uploaded to the Hub (docs/export.md).")
+    ap.add_argument("run", help="a run folder (its output_dir)")
+    ap.add_argument("--step", type=int, help="the adapter this step published (default: the one the run ended with)")
+    ap.add_argument("--out", help="the adapter folder to write (default: RUN/export/step<N>)")
+    ap.add_argument("--merged", metavar="DIR", help="also write the base model with the adapter merged in")
+    ap.add_argument("--push-to-hub", metavar="REPO", help="upload the adapter folder to this Hub repo (ORG/NAME, "
+                    "created private if missing) with your token (`hf auth login` or HF_TOKEN)")
+    args = ap.parse_args(argv)
+
+    from grpo.tools import export as tool
+    from sync import AdapterStoreError
+
+    try:
+        done = tool.export(args.run, args.step, args.out, args.merged)
+        url = tool.push_to_hub(done.adapter, args.push_to_hub) if args.push_to_hub else None
+    except (OSError, ValueError, AdapterStoreError) as e:
+        print(f"grpo export: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"adapter": str(done.adapter), "merged": done.merged and str(done.merged), "step": done.step,
+                      "version": done.version, "base_model": done.base, "pushed": url}))
+    return 0
 
 
 def doctor(argv: list[str]) -> int:
@@ -192,7 +239,7 @@ def models(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": train, "eval": evaluate, "doctor": doctor, "models": models}
+COMMANDS = {"train": train, "eval": evaluate, "export": export, "doctor": doctor, "models": models}
 
 
 def main(argv: list[str] | None = None) -> int:

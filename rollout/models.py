@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 
@@ -15,12 +16,58 @@ def load_processor(model_path: str | Path):
     return AutoTokenizer.from_pretrained(path)
 
 
+def resolve_model(spec: str | Path) -> Path:
+    """The local folder a run's `model:` names, which vLLM, the train ranks and `grpo eval` load: a local folder
+    as it is; a Hub id (ORG/NAME) that names no local folder, its snapshot folder in the user's Hugging Face
+    cache (hub_snapshot). The driver calls it once and hands the folder on, so the actors never look it up."""
+    path = Path(spec)
+    if not path.exists() and is_hub_id(str(spec)):
+        path = hub_snapshot(str(spec))
+    return check_model_dir(path)
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
+# Files in model repos that neither vLLM nor transformers loads: a snapshot is downloaded without them (Llama's
+# original/ checkpoint alone doubles its size).
+_NOT_LOADED = ["original/*", "onnx/*", "openvino/*", "*.gguf", "*.onnx", "*.h5", "*.msgpack", "*.ot", "*.pth"]
+
+
+def is_hub_id(spec: str) -> bool:
+    """ORG/NAME as the Hub spells repository ids (no "--" or "..", which the Hub refuses)."""
+    return bool(_HUB_ID.fullmatch(spec)) and "--" not in spec and ".." not in spec
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The snapshot folder of a Hub model in the user's Hugging Face cache ($HF_HOME/hub, with their token),
+    downloaded there when missing; with HF_HUB_OFFLINE set, only looked up. Failures are one line naming the
+    id and what to do."""
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    offline = huggingface_hub.is_offline_mode()
+    try:
+        return Path(huggingface_hub.snapshot_download(repo_id, local_files_only=offline,
+                                                      ignore_patterns=_NOT_LOADED))
+    except (GatedRepoError, RepositoryNotFoundError):
+        raise FileNotFoundError(
+            f"model {repo_id!r} is neither a local folder nor a Hub model this token may read: check the id; for a "
+            "gated or private model, accept its terms on its Hub page and log in (`hf auth login`, or set "
+            "HF_TOKEN)") from None
+    except LocalEntryNotFoundError:
+        cache = huggingface_hub.constants.HF_HUB_CACHE
+        why = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"
+        raise FileNotFoundError(
+            f"model {repo_id!r} is neither a local folder nor in the Hugging Face cache {cache} ({why}): fetch it "
+            f"with `hf download {repo_id}`, or point HF_HOME at a cache that holds it") from None
+
+
 def check_model_dir(model_path: str | Path) -> Path:
     path = Path(model_path)
     if not path.is_dir():
         raise FileNotFoundError(
             f"model folder {str(path)!r} does not exist: pass the path of a local Hugging Face model folder "
-            "(config.json + weights), e.g. one built by `python -m grpo.tools.tiny_models --out DIR`")
+            "(config.json + weights), e.g. one built by `python -m grpo.tools.tiny_models --out DIR`, or a Hub "
+            "id (ORG/NAME)")
     if not (path / "config.json").is_file():
         raise ValueError(
             f"model folder {str(path)!r} has no config.json, so it is not a Hugging Face model: point the "

@@ -67,28 +67,38 @@ def shared_cache_dir(run_dir: str | Path) -> Path:
     (runs/maze -> runs/.cache), so that runs side by side share one. Nothing in it depends on the run:
     vLLM's and torch's compiled kernels (on a GPU; a compiling engine also put torch's 149 MB precompiled
     header in the temp folder, and its first rollout took 85 s in a fresh cache against 8.6 s in a warm one on
-    2 cores), vLLM's and Hugging Face's caches, temp files. On the CPU vLLM runs eager and it stays small."""
+    2 cores), vLLM's caches, temp files. On the CPU vLLM runs eager and it stays small. Hugging Face's home
+    (the hub cache, the token) stays the user's: configure."""
     return Path(os.environ.get("GRPO_CACHE_DIR") or Path(run_dir).resolve().parent / ".cache")
+
+
+def hf_home() -> Path:
+    """The user's Hugging Face home as huggingface_hub finds it: $HF_HOME, else $XDG_CACHE_HOME/huggingface,
+    else ~/.cache/huggingface."""
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "huggingface"
 
 
 def configure(run_dir: str | Path, cache_dir: str | Path | None = None) -> Path:
     """Point every cache and temp folder of vLLM, torch, Ray and friends at one cache folder, never under
     $HOME: $GRPO_CACHE_DIR when set, else `cache_dir`, else `run_dir/.cache`. The folder is exported as
     GRPO_CACHE_DIR, so the first call in a process decides, and Ray actors and subprocesses started
-    afterwards use the same folder.
+    afterwards use the same folder. Hugging Face's home is the user's own ($HF_HOME, else
+    ~/.cache/huggingface): their downloaded models, their token, HF_HUB_OFFLINE as they set it.
 
     Must run before vllm is imported: vLLM reads its environment at import time.
     """
     default = Path(cache_dir) if cache_dir is not None else Path(run_dir) / ".cache"
     cache = Path(os.environ.setdefault("GRPO_CACHE_DIR", str(default.resolve())))
     cache.mkdir(parents=True, exist_ok=True)
+    # Hugging Face derives its default home from XDG_CACHE_HOME, which moves below: pinned first.
+    os.environ.setdefault("HF_HOME", str(hf_home()))
     env = {
         "VLLM_CACHE_ROOT": str(cache / "vllm"),
         "VLLM_CONFIG_ROOT": str(cache / "vllm-config"),
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_DO_NOT_TRACK": "1",
-        "HF_HOME": str(cache / "hf"),
-        "HF_HUB_OFFLINE": "1",
         "TRITON_CACHE_DIR": str(cache / "triton"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         "XDG_CACHE_HOME": str(cache),

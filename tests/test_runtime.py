@@ -50,3 +50,23 @@ def test_freed_memory_stays_in_the_process_for_the_next_allocation():
     assert freed("keep") < 16 << 20
     # A malloc tuned through glibc's environment is the user's: kept as they set it.
     assert freed("keep", MALLOC_MMAP_THRESHOLD_=str(128 << 10)) > 200 << 20
+
+
+def test_hugging_faces_home_and_offline_switch_stay_the_users(tmp_path, monkeypatch):
+    import tempfile
+
+    def configured(**user) -> dict:
+        monkeypatch.setattr(os, "environ", {"HOME": str(tmp_path / "home"), **user})
+        monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)  # configure points it at the cache: put back
+        runtime.configure(tmp_path / "run")
+        return os.environ
+
+    env = configured()
+    # Hugging Face's default home, pinned before XDG_CACHE_HOME moves into the run's cache.
+    assert env["HF_HOME"] == str(tmp_path / "home" / ".cache" / "huggingface") and "HF_HUB_OFFLINE" not in env
+    assert env["XDG_CACHE_HOME"] == str(tmp_path / "run" / ".cache") == env["GRPO_CACHE_DIR"]
+    env = configured(XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    assert env["HF_HOME"] == str(tmp_path / "xdg" / "huggingface")
+    env = configured(HF_HOME=str(tmp_path / "mine"), HF_HUB_OFFLINE="0", HF_TOKEN="hf_x")
+    assert (env["HF_HOME"], env["HF_HUB_OFFLINE"], env["HF_TOKEN"]) == (str(tmp_path / "mine"), "0", "hf_x")
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "run" / ".cache" / "vllm")  # the run's caches stay the run's

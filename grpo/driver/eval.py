@@ -7,6 +7,7 @@ with greedy decoding, one episode per seed.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -106,9 +107,11 @@ def evaluate(cfg, adapter: str | None, seeds: list[int], samples: int = 1, home:
     """Run the eval in this process (no Ray): the worker and engine the trainer would start for `cfg`.
     `home` (the run folder) places the caches as the trainer does: runtime.shared_cache_dir."""
     from rollout import runtime
+    from rollout.models import resolve_model
 
     home = Path(home) if home is not None else Path.cwd()
     runtime.configure(home, runtime.shared_cache_dir(home))
+    cfg = dataclasses.replace(cfg, model=str(resolve_model(cfg.model)))  # a Hub id: its snapshot folder
     from grpo.report.samples import SampleWriter
     from rollout.worker import RolloutWorker, Task
 
