@@ -4,11 +4,11 @@
 """
 from grpo.algo.config import AlgorithmConfig, ConfigError
 from grpo.config import RunConfig
-from grpo.driver.callbacks import Callback
+from grpo.driver.callbacks import Callback, Stop
 from grpo.learner.config import TrainConfig
 from grpo.learner.lora import LoraConfig
 
-__all__ = ["AlgorithmConfig", "Callback", "ConfigError", "LoraConfig", "RunConfig", "TrainConfig", "Trainer"]
+__all__ = ["AlgorithmConfig", "Callback", "ConfigError", "LoraConfig", "RunConfig", "Stop", "TrainConfig", "Trainer"]
 
 
 def __getattr__(name):

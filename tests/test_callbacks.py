@@ -5,6 +5,7 @@ import time
 import pytest
 
 import grpo
+from grpo.algo.config import ConfigError
 from grpo.driver.callbacks import CallbackError, CallbackList
 from grpo.driver.state import RunState
 
@@ -54,6 +55,36 @@ def test_a_failing_callback_is_named_and_anything_else_is_refused():
         CallbackList([Broken()]).call("on_train_begin", None)
     with pytest.raises(TypeError, match="grpo.Callback"):
         CallbackList([print])
+
+
+class StopAt(grpo.Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, trainer, record):
+        if record["step"] >= self.step:
+            return grpo.Stop(f"reached step {self.step}")
+
+
+def test_a_returned_stop_is_kept_first_come_and_every_callback_still_runs():
+    calls = []
+    callbacks = CallbackList([StopAt(2), Recorder("a", calls), StopAt(1)])
+    callbacks.call("on_step_end", None, {"step": 1})
+    assert callbacks.stop == "StopAt.on_step_end: reached step 1" and calls == [("a", "on_step_end", 1)]
+    callbacks.call("on_step_end", None, {"step": 2})  # the first Stop returned stays the reason
+    assert callbacks.stop == "StopAt.on_step_end: reached step 1" and len(calls) == 2
+
+
+def test_a_hook_returning_anything_but_none_or_stop_is_refused():
+    class Truthy(grpo.Callback):
+        def on_step_end(self, trainer, record):
+            return True  # TRL's control flags are no return values here
+
+    with pytest.raises(CallbackError, match=r"Truthy\.on_step_end returned True: a hook returns None, or "
+                                            r"grpo\.Stop\(reason\)"):
+        CallbackList([Truthy()]).call("on_step_end", None, {"step": 1})
+    with pytest.raises(ConfigError, match=r"Stop\.reason=''"):
+        grpo.Stop("")
 
 
 def test_a_failing_callback_stops_the_run_before_ray_starts_and_frees_the_folder(tmp_path, tiny_vl):

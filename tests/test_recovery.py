@@ -48,7 +48,7 @@ def test_a_fault_that_cannot_fire_is_refused_before_ray_starts(tmp_path, tiny_vl
 
     for spec, match in (("kill:train_rank=2@step=1", "index below 2"), ("kill:rollout@step=9", "at most steps")):
         cfg = grpo.RunConfig(model=str(tiny_vl), output_dir=str(tmp_path), steps=3, algorithm={"group_size": 2},
-                             fault={"inject": [spec]})
+                             fault={"inject": [spec]}, cluster={"train_ranks": 2})
         with pytest.raises(ConfigError, match=match):
             grpo.Trainer(cfg)
     assert not ray.is_initialized()

@@ -80,19 +80,37 @@ def test_fit_writes_everything_and_resumes(tmp_path, tiny_vl):
     # The workers are gone and so are their leases: nothing pins a version once the run ended.
     assert list((adapters / "readers").iterdir()) == []
 
-    # Same folder, more steps: resumes after step 2 and publishes a fresh version before rolling out.
-    resumed = grpo.Trainer(_config(tiny_vl, out, steps=3)).fit()
+    assert summary["stopped"] == "ran all 2 steps"
+
+    # Same folder, more steps and checkpoints further apart (fields a resume may change): resumes after step 2
+    # and publishes a fresh version before rolling out; a callback's Stop after step 3 ends the run there,
+    # with a checkpoint that checkpoint.every (10) would not have saved.
+    class StopAt3(grpo.Callback):
+        def on_step_end(self, trainer, record):
+            return grpo.Stop("enough") if record["step"] == 3 else None
+
+    longer = _config(tiny_vl, out, steps=4)
+    longer = grpo.RunConfig.from_dict({**longer.to_dict(), "checkpoint": {"every": 10, "keep": 2}})
+    resumed = grpo.Trainer(longer, callbacks=[StopAt3()]).fit()
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in lines] == [1, 2, 3]
+    assert [r["step"] for r in lines if "event" not in r] == [1, 2, 3]
     assert lines[-1]["rollout_adapter_version"] == 4 and lines[-1]["adapter_version"] == 5
     assert resumed["steps"] == 3 and resumed["eval_before"] == summary["eval_before"]
+    assert resumed["stopped"] == "StopAt3.on_step_end: enough"
+    assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == 3
+    changed = [r for r in lines if r.get("event") == "config_change"]
+    assert changed == [{"event": "config_change", "changes": [{"field": "checkpoint.every", "old": 1, "new": 10},
+                                                              {"field": "steps", "old": 2, "new": 4}]}]
+    assert yaml.safe_load((out / "config.yaml").read_text())["steps"] == 4  # rewritten for the resumed run
 
     # A run that stopped at its target is done: run again (a target step 3's eval met), it trains no more.
     again = _config(tiny_vl, out, steps=5)
     again = grpo.RunConfig.from_dict({**again.to_dict(), "eval": {**again.to_dict()["eval"], "target_success": 0.0}})
     done = grpo.Trainer(again).fit()
-    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
-    assert done["steps"] == 3
+    steps = [json.loads(x).get("step") for x in (out / "metrics.jsonl").read_text().splitlines()
+             if "event" not in json.loads(x)]
+    assert steps == [1, 2, 3] and done["steps"] == 3
+    assert done["stopped"] == "eval.target_success=0 reached at step 3"
 
 
 def test_bad_config_fails_before_ray_starts(tmp_path, tiny_vl):
