@@ -88,3 +88,32 @@ def test_an_eval_set_without_seeds_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"EvalConfig\.seeds=0 .*at least one seed"):
         RunConfig(model=str(tmp_path), eval={"seeds": 0})
     assert RunConfig(model=str(tmp_path), eval={"seeds": [0]}).eval_seeds == [0]
+
+
+_USER_ENV = '''
+import envs
+
+
+class Echo(envs.Env):
+    def reset(self, seed):
+        return envs.Observation("say hi")
+
+    def step(self, action):
+        return envs.StepResult(envs.Observation(""), float("hi" in action), True, {"success": "hi" in action})
+
+
+envs.register("test_import_echo", Echo, overwrite=True)
+'''
+
+
+def test_grpo_train_imports_the_users_env_module_before_the_config_is_checked(tmp_path, monkeypatch, capsys):
+    from grpo import cli
+
+    (tmp_path / "user_echo_env.py").write_text(_USER_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {tmp_path}\nenv: test_import_echo\nsteps: 1\n")
+    assert cli.main(["train", str(config), "--dry-run"]) == 2  # not registered: refused, naming it
+    assert "test_import_echo" in capsys.readouterr().err
+    assert cli.main(["train", str(config), "--import", "user_echo_env", "--dry-run"]) == 0
+    assert "env:\n  name: test_import_echo" in capsys.readouterr().out
