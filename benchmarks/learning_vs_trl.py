@@ -29,15 +29,18 @@ with `--trl-generate vllm` (the default) its colocated vLLM engine after pushing
 LoRA merged, TRL's own sync), run in the engine's dtype; with `hf`, HF `generate` on its peft model.
 
 Wall time: each side's own clock. From launch to ready (start-up and the evaluation before training, less the
-seconds it spent evaluating), then the sum of its own steps' seconds; the time a side waits while the other
+seconds it waited on evaluating), then the sum of its own steps' seconds; the time a side waits while the other
 steps, and every evaluation, are left out. A point of a curve is (that clock after the step, test accuracy).
+The engine's evaluations before training run while its train rank starts, as in every run, so what they cost
+the shared cores stays partly in its start-up (only the driver's wait on them is taken off): that counts
+against the engine.
 
 `time_to_trl_final_ratio`, per seed: the engine's clock when its test accuracy first reaches TRL's final test
 accuracy, over TRL's clock at its last step; null with a reason where the engine never reaches it. The
 headline is the median over seeds, a seed that never reaches counting as larger than every ratio (null, with
 the reason, when that leaves the median there). `test_before_*`, `test_after_*`: medians over seeds of each
 side's first and last test accuracy. Writes benchmarks/results/learning_vs_trl.json and .png (test accuracy
-against wall time, every seed, both sides); a quick run (--quick: 1 seed, 4 steps; or anything short of the
+against wall time, every seed, both sides); a quick run (--quick: 1 seed, 3 steps; or anything short of the
 full protocol) writes learning_vs_trl-quick.json and .png. The last line printed is the result.
 """
 from __future__ import annotations
@@ -58,7 +61,7 @@ CONFIG = ROOT / "examples" / "reasoning" / "cpu.yaml"
 SIDES = ("engine", "trl")
 LABELS = {"engine": "this engine (grpo.Trainer)", "trl": "TRL GRPOTrainer"}
 FULL = {"seeds": 3, "eval_every": 2}  # and the config's steps
-QUICK = {"seeds": 1, "steps": 4, "eval_every": 2}
+QUICK = {"seeds": 1, "steps": 3, "eval_every": 2}
 TRL_GENERATE = "vllm"
 # The engine drops groups whose rewards are all equal (their advantage is 0 either way); TRL keeps them in its
 # loss's token count, so the same gradient is divided by more tokens there.
