@@ -4,8 +4,6 @@ exported, and both exports loaded in transformers + peft and in vLLM with the ru
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -170,9 +168,12 @@ def _served(engine_config, prompts: list[list[int]], max_tokens: int, adapter: P
 
 
 @pytest.mark.slow
-def test_a_run_from_a_hub_id_trains_evaluates_and_exports_what_it_evaluated(tmp_path, tiny_text):
+def test_a_run_from_a_hub_id_trains_evaluates_and_exports_what_it_evaluated(tmp_path, tiny_text, monkeypatch,
+                                                                           capsys):
+    import huggingface_hub
+
     from grpo.config import RunConfig
-    from grpo.learner.forward import load_model, load_processor
+    from grpo.learner.forward import load_model, load_processor, tokenizer_of
     from rollout.engine import EngineConfig
     from rollout.worker import RolloutWorker, Task
 
@@ -188,23 +189,23 @@ def test_a_run_from_a_hub_id_trains_evaluates_and_exports_what_it_evaluated(tmp_
         "eval": {"seeds": "0-7", "test_seeds": "8-11"}, "cluster": {"train_ranks": 1},
         "metrics": {"tensorboard": False, "plots": False}}))
     run, out, merged = tmp_path / "run", tmp_path / "adapter", tmp_path / "merged"
-    # The user's commands, in one process (one start of Python and its imports), offline, with HF_HOME theirs.
-    script = ("import sys\nfrom grpo.cli import main\n"
-              f"sys.exit(main(['train', {str(config)!r}, '--model', {REPO!r}, '--steps', '1']) "
-              f"or main(['eval', {str(run)!r}]) "
-              f"or main(['export', {str(run)!r}, '--out', {str(out)!r}, '--merged', {str(merged)!r}]))")
-    env = {**os.environ, "HF_HOME": str(hf), "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    # HF_HOME, as the user sets it: this process imported huggingface_hub long ago, so its cache folder (which
+    # HF_HOME sets at import) is set too; tests/test_hub_model.py runs a fresh `grpo train` on HF_HOME alone.
+    monkeypatch.setenv("HF_HOME", str(hf))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hf / "hub"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    capsys.readouterr()
+    # The user's commands, offline (HF_HUB_OFFLINE=1, as make test sets it).
+    assert main(["train", str(config), "--model", REPO, "--steps", "1"]) == 0
+    assert main(["eval", str(run)]) == 0
+    assert main(["export", str(run), "--out", str(out), "--merged", str(merged)]) == 0
+    printed = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
 
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 1 and summary["model"] == REPO and RunConfig.from_yaml(run / "config.yaml").model == REPO
     published = run / "store" / "adapters" / f"v{summary['adapter_version']:06d}"
     # The train rank loaded the snapshot folder the driver resolved.
     assert json.loads((published / "adapter_config.json").read_text())["base_model_name_or_path"] == str(snapshot)
-    printed = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
     scored = next(p for p in printed if "success_rate" in p)  # grpo eval's last line
     assert scored["success_rate"] == summary["eval_after"] and Path(scored["adapter"]) == published
     evaluated = {e["seed"]: e["turns"][0]["reply"] for e in _lines(Path(scored["episodes_file"]))}
@@ -223,7 +224,7 @@ def test_a_run_from_a_hub_id_trains_evaluates_and_exports_what_it_evaluated(tmp_
         worker.engine.load_adapter(summary["adapter_version"], published)
         trajs, _ = worker.rollout([Task(cfg.env.name, s, cfg.env.options) for s in cfg.eval_seeds], 1, cfg.rollout,
                                   greedy=True)
-        chat = worker._chat(cfg.rollout.system_prompt)
+        tokenizer = tokenizer_of(worker.processor)
     finally:
         worker.shutdown()
     seqs = []
@@ -231,7 +232,7 @@ def test_a_run_from_a_hub_id_trains_evaluates_and_exports_what_it_evaluated(tmp_
         (start, end), = t.turn_spans()[0]
         ids = t.segments[0].token_ids
         seqs.append((ids[:start], ids[start:end], t.segments[0].sampler_logprobs[start:end]))
-        assert chat.tok.decode(ids[start:end], skip_special_tokens=False) == evaluated[t.seed]
+        assert tokenizer.decode(ids[start:end], skip_special_tokens=False) == evaluated[t.seed]
     prompts, replies, reference = [s[0] for s in seqs], [s[1] for s in seqs], [s[2] for s in seqs]
 
     def gap(got: list[list[float]]) -> float:
