@@ -49,7 +49,7 @@ doctor: install
 # (benchmarks/results/*.json) with the machine; then the generated tables in the docs are rewritten from those
 # files (a failed benchmark keeps its previous file, and make fails at the end). NAME:ARGS runs NAME with ARGS.
 BENCHMARKS := rollout_speed update shared_prompt adapter_sync scaling step env_latency dtype logprob_memory \
-	memory_model generate_vs_hf:--preset=tiny generate_vs_hf:--preset=bench pipeline vs_trl
+	memory_model generate_vs_hf:--preset=tiny generate_vs_hf:--preset=bench pipeline vs_trl driver_memory
 bench: install
 	@failed=""; for b in $(BENCHMARKS); do \
 	  start=$$(date +%s); echo "== benchmarks.$$b (load $$(cut -d' ' -f1 /proc/loadavg))"; \
