@@ -123,7 +123,9 @@ def test_every_panel_has_data_from_a_real_run(tmp_path, tiny_vl, monkeypatch):
         grpo.Trainer(grpo.RunConfig(
             model=str(tiny_vl), output_dir=str(tmp_path / "run"), steps=STEPS, tasks_per_step=2,
             env={"name": "maze", "options": {"size": 7, "max_turns": 4}},
-            algorithm={"group_size": 4, "kl_coef": 0.001}, lora={"rank": 8, "alpha": 16.0},
+            # The importance weight and the entropy selection on, for their panels.
+            algorithm={"group_size": 4, "kl_coef": 0.001, "tis_cap": 2.0, "top_entropy_quantile": 0.8},
+            lora={"rank": 8, "alpha": 16.0},
             train={"lr": 1e-3, "micro_batch_size": 16},
             rollout={"max_tokens_per_turn": 10, "history": "none"}, engine={"max_model_len": 2048},
             eval={"seeds": "0-1", "every": 1}, checkpoint={"every": 10}, cluster={"train_ranks": 2},
