@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -67,9 +68,15 @@ def train(argv: list[str]) -> int:
             print(f"grpo train: {args.config}: {e}", file=sys.stderr)
             return 2
         print(config.to_yaml())
-        model_ok = (Path(config.model) / "config.json").is_file()
+        from rollout import pretrained
+
+        pulled = pretrained.models_dir() / config.model
+        model_ok = (Path(config.model) / "config.json").is_file() or (pulled / pretrained.SOURCE_FILE).is_file()
         print(json.dumps({"valid": True, "model_found": model_ok, "output_dir": config.output_dir}))
-        if not model_ok:
+        if not model_ok and pretrained.is_pretrained_spec(config.model):
+            print(f"note: model {config.model!r} is not converted on this machine yet: the run does it first "
+                  f"(`grpo models pull {config.model}` does it now)", file=sys.stderr)
+        elif not model_ok:
             print(f"note: model folder {config.model!r} is not on this machine; a real run needs it",
                   file=sys.stderr)
         return 0
@@ -244,6 +251,10 @@ COMMANDS = {"train": train, "eval": evaluate, "export": export, "doctor": doctor
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    # As `python -m grpo` has it: a config's "module:function" names (reward functions, envs) resolve from the
+    # folder the command runs in, also through the `grpo` console script.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__, file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2

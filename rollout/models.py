@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 
@@ -19,11 +20,20 @@ def load_processor(model_path: str | Path):
 def resolve_model(spec: str | Path) -> Path:
     """The local folder a run's `model:` names, which vLLM, the train ranks and `grpo eval` load: a local folder
     as it is; a Hub id (ORG/NAME) that names no local folder, its snapshot folder in the user's Hugging Face
-    cache (hub_snapshot). The driver calls it once and hands the folder on, so the actors never look it up."""
+    cache (hub_snapshot); a name from `grpo models list` or a `.gguf` file, the folder it is converted into once
+    (rollout.pretrained). The driver calls it once and hands the folder on, so the actors never look it up."""
+    from rollout import pretrained
+
     path = Path(spec)
+    if not path.is_dir() and pretrained.is_pretrained_spec(str(spec)):
+        return check_model_dir(pretrained.resolve(str(spec), progress=_progress))
     if not path.exists() and is_hub_id(str(spec)):
         path = hub_snapshot(str(spec))
     return check_model_dir(path)
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
