@@ -70,3 +70,27 @@ def test_entropies_of_the_chunked_pass_are_the_full_logits(tiny_text, processor)
     torch.testing.assert_close(ent[:, 1:][want], full[:, :-1][want], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lp, forward.token_logprobs(model, batch, mask, temperature=0.7))
     assert (ent[:, 1:][~want] == 0).all() and ent[:, 1:][want].min() > 0
+
+
+def test_dry_run_accepts_each_loss_type_and_lists_them_for_another(tmp_path, tiny_text, capsys):
+    import json
+
+    import yaml
+
+    from grpo.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model: {tiny_text}\nalgorithm: {{group_size: 4}}\nrollout: {{max_tokens_per_turn: 24}}\n")
+    for loss_type in ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo"):
+        assert main(["train", str(path), "--algorithm.loss_type", loss_type, "--dry-run"]) == 0, loss_type
+        out = capsys.readouterr().out.strip().splitlines()
+        assert json.loads(out[-1])["valid"] is True
+        algo = yaml.safe_load("\n".join(out[:-1]))["algorithm"]
+        assert algo["loss_type"] == loss_type
+        if loss_type == "dr_grpo":  # the preset's fields, resolved in what the run keeps
+            assert (algo["loss_agg"], algo["scale_rewards"], algo["seq_sum_norm_len"]) == ("seq_sum_norm", "none", 24)
+    assert main(["train", str(path), "--algorithm.loss_type", "bnpo", "--dry-run"]) == 2
+    assert "one of 'grpo', 'dr_grpo', 'dapo', 'gspo', 'cispo', 'sapo'" in capsys.readouterr().err
+    assert main(["train", str(path), "--algorithm.loss_type", "dr_grpo", "--algorithm.loss_agg", "token_mean",
+                 "--dry-run"]) == 2
+    assert "loss_type='dr_grpo' sets algorithm.loss_agg='seq_sum_norm'" in capsys.readouterr().err
