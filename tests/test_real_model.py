@@ -66,3 +66,11 @@ def test_the_real_model_passes_the_matrix_within_float32s_floor(smollm2, tmp_pat
         assert gap <= model_check.FLOOR_FACTOR * floor and gap < 1e-4
     # Teeth: the previous adapter is told apart by far more than the bar.
     assert f["hotload_diff_to_v1"] > 10 * f["bar"]
+
+
+def test_model_names_the_pulled_folder_by_its_name(smollm2):
+    from rollout.models import resolve_model
+
+    assert resolve_model(NAME) == smollm2
+    # A folder of that name in the working directory is a folder, as any other.
+    assert resolve_model(smollm2) == smollm2
