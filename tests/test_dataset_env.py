@@ -273,45 +273,91 @@ def test_the_reply_limit_defaults_to_half_the_context_and_must_fit_in_it():
         grpo.RunConfig(model="m", rollout={"max_tokens_per_turn": 512}, engine={"max_model_len": 512})
 
 
+REWARDS_MODULE = """import re
+
+def correct(prompts, completions, answer, **kwargs):  # TRL's signature, as a TRL script has it
+    return [float(re.findall(r"-?\\d+", c[0]["content"])[-1:] == [str(a)]) for c, a in zip(completions, answer)]
+
+def number_only(prompt, completion, row):
+    return 1.0 if re.fullmatch(r"\\s*-?\\d+\\s*", completion) else 0.0
+
+def odd_only(completions, answer, **kwargs):  # None: does not apply to even answers
+    return [0.5 if a % 2 else None for a in answer]
+"""
+
+RUN_YAML = """model: {model}
+output_dir: {out}
+steps: {steps}
+tasks_per_step: 2
+env: {env}
+algorithm: {{group_size: {group}}}
+lora: {{rank: 8, alpha: 16.0}}
+train: {{lr: 1.0e-3, micro_batch_size: 8}}
+rollout: {{max_tokens_per_turn: 6}}
+engine: {{max_model_len: 512}}
+eval: {{seeds: {seeds}}}
+checkpoint: {{every: 2}}
+cluster: {{train_ranks: 1}}
+metrics: {{tensorboard: false, samples_per_step: 2}}
+"""
+
+
+def _jsonl(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
 @pytest.mark.slow
-def test_grpo_trains_on_an_arithmetic_dataset_with_two_reward_functions(tmp_path, tiny_text):
-    import functools
+def test_grpo_trains_from_yaml_on_trl_rewards_and_a_conversational_dataset_then_on_reasoning_gym(
+        tmp_path, tiny_text, monkeypatch):
+    import os
 
     import grpo
 
-    # Defined here, as in a user's script: Ray ships them to the rollout actors by value.
-    def correct(prompt, completion, row):
-        numbers = re.findall(r"-?\d+", completion)
-        return float(bool(numbers) and numbers[-1] == str(row["answer"]))
-
-    def number_only(prompt, completion, row):
-        return 1.0 if re.fullmatch(r"\s*-?\d+\s*", completion) else 0.0
-
-    envs.register("arith", functools.partial(DatasetEnv, rewards={"correct": correct, "format": number_only}),
-                  overwrite=True)
+    # The user's reward module beside their config, importable by the driver and the Ray actors.
+    (tmp_path / "my_rewards.py").write_text(REWARDS_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    rows = [{"prompt": [{"role": "system", "content": "Answer with a number."},
+                        {"role": "user", "content": r["prompt"].replace(" Answer with a number.", "")}],
+             "answer": r["answer"]} for r in arithmetic_rows(24)]
     data = tmp_path / "arith.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in arithmetic_rows(24)))
-    options = {"data": str(data), "weights": {"correct": 1.0, "format": 0.5}, "holdout": 4}
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rewards = {"correct": "my_rewards:correct", "format": "my_rewards:number_only", "odd": "my_rewards:odd_only"}
+    env = {"name": "dataset", "options": {"data": str(data), "rewards": rewards, "holdout": 4,
+                                          "weights": {"correct": 1.0, "format": 0.5, "odd": 1.0}}}
     out = tmp_path / "run"
-    summary = grpo.Trainer(grpo.RunConfig(
-        model=str(tiny_text), output_dir=str(out), steps=2, tasks_per_step=2, env={"name": "arith", "options": options},
-        algorithm={"group_size": 4}, lora={"rank": 8, "alpha": 16.0}, train={"lr": 1e-3, "micro_batch_size": 8},
-        rollout={"max_tokens_per_turn": 6}, engine={"max_model_len": 512}, eval={"seeds": "0-3"},
-        checkpoint={"every": 2}, cluster={"train_ranks": 1}, metrics={"tensorboard": False, "samples_per_step": 2},
-    )).fit()
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    (tmp_path / "run.yaml").write_text(RUN_YAML.format(model=tiny_text, out=out, steps=2, env=json.dumps(env),
+                                                       group=4, seeds="0-3"))
+    summary = grpo.Trainer(grpo.RunConfig.from_yaml(tmp_path / "run.yaml")).fit()
+    lines = _jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in lines] == [1, 2]
     for r in lines:
-        assert set(r["reward"]) == {"correct", "format"}
+        assert {"correct", "format"} <= set(r["reward"]) <= {"correct", "format", "odd"}
         assert 0 <= r["reward"]["correct"] <= 1 and 0 <= r["reward"]["format"] <= 1
-        # One turn an episode: the mean reward is the weighted sum of the functions' means.
-        assert r["rollout"]["mean_reward"] == pytest.approx(r["reward"]["correct"] + 0.5 * r["reward"]["format"])
-    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    samples = _jsonl(out / "samples.jsonl")
     assert [s["step"] for s in samples] == [1, 1, 2, 2]
     for s in samples:
-        assert "What is" in s["prompt"] and len(s["turns"]) == 1 and s["turns"][0]["feedback"] is None
-        assert s["reward"] == pytest.approx(s["rewards"]["correct"] + 0.5 * s["rewards"]["format"])
-    evals = [json.loads(x) for x in (out / "eval_samples.jsonl").read_text().splitlines()]
-    assert [e["label"] for e in evals] == ["before"] * 4 + ["after"] * 4
-    assert [e["seed"] for e in evals[:4]] == [0, 1, 2, 3]
-    assert set(summary["eval_after_detail"]["rewards"]) == {"correct", "format"}
+        # The row's messages through the chat template: its system message, not a stringified list.
+        assert "Answer with a number." in s["prompt"] and "'role'" not in s["prompt"]
+        a, b = map(int, re.search(r"What is (\d+)\+(\d+)\?", s["prompt"]).groups())
+        assert ("odd" in s["rewards"]) == bool((a + b) % 2)
+        assert s["reward"] == pytest.approx(s["rewards"]["correct"] + 0.5 * s["rewards"]["format"]
+                                            + s["rewards"].get("odd", 0.0))
+    evals = _jsonl(out / "eval_samples.jsonl")
+    assert [(e["label"], e["seed"]) for e in evals] == [(label, s) for label in ("before", "after") for s in range(4)]
+    assert {"correct", "format"} <= set(summary["eval_after_detail"]["rewards"])
+
+    # reasoning-gym's tasks through `env: reasoning_gym`, scored by their own scorers.
+    tasks = {"basic_arithmetic": 1.0, "chain_sum": 1.0}
+    env = {"name": "reasoning_gym", "options": {"tasks": tasks, "seed": 0}}
+    out = tmp_path / "rg"
+    (tmp_path / "rg.yaml").write_text(RUN_YAML.format(model=tiny_text, out=out, steps=1, env=json.dumps(env),
+                                                      group=2, seeds="0-1"))
+    grpo.Trainer(grpo.RunConfig.from_yaml(tmp_path / "rg.yaml")).fit()
+    (record,) = _jsonl(out / "metrics.jsonl")
+    assert record["rollout"]["episodes"] == 4 and set(record["reward"]) <= set(tasks) and record["reward"]
+    local = envs.make("reasoning_gym", tasks=tasks, seed=0)
+    evals = _jsonl(out / "eval_samples.jsonl")
+    assert [e["seed"] for e in evals] == [0, 1, 0, 1]
+    for e in evals:  # the same item for a seed in every process, with reasoning-gym's system prompt
+        assert local.reset(e["seed"]).text in e["prompt"] and local.system_prompt.splitlines()[0] in e["prompt"]
