@@ -69,13 +69,23 @@ def train(argv: list[str]) -> int:
             return 2
         print(config.to_yaml())
         from rollout import pretrained
+        from rollout.models import hub_snapshot, is_hub_id
 
         pulled = pretrained.models_dir() / config.model
         model_ok = (Path(config.model) / "config.json").is_file() or (pulled / pretrained.SOURCE_FILE).is_file()
+        hub = not model_ok and not Path(config.model).exists() and is_hub_id(config.model)
+        if hub:
+            try:
+                model_ok = bool(hub_snapshot(config.model, download=False))
+            except FileNotFoundError:
+                pass
         print(json.dumps({"valid": True, "model_found": model_ok, "output_dir": config.output_dir}))
         if not model_ok and pretrained.is_pretrained_spec(config.model):
             print(f"note: model {config.model!r} is not converted on this machine yet: the run does it first "
                   f"(`grpo models pull {config.model}` does it now)", file=sys.stderr)
+        elif not model_ok and hub:
+            print(f"note: model {config.model!r} is not in this machine's Hugging Face cache: the run downloads it "
+                  f"first (`hf download {config.model}` does it now)", file=sys.stderr)
         elif not model_ok:
             print(f"note: model folder {config.model!r} is not on this machine; a real run needs it",
                   file=sys.stderr)

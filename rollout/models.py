@@ -47,16 +47,16 @@ def is_hub_id(spec: str) -> bool:
     return bool(_HUB_ID.fullmatch(spec)) and "--" not in spec and ".." not in spec
 
 
-def hub_snapshot(repo_id: str) -> Path:
+def hub_snapshot(repo_id: str, download: bool = True) -> Path:
     """The snapshot folder of a Hub model in the user's Hugging Face cache ($HF_HOME/hub, with their token),
-    downloaded there when missing; with HF_HUB_OFFLINE set, only looked up. Failures are one line naming the
-    id and what to do."""
+    downloaded there when missing; with HF_HUB_OFFLINE set or `download` false, only looked up. Failures are
+    one line naming the id and what to do."""
     import huggingface_hub
     from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     offline = huggingface_hub.is_offline_mode()
     try:
-        return Path(huggingface_hub.snapshot_download(repo_id, local_files_only=offline,
+        return Path(huggingface_hub.snapshot_download(repo_id, local_files_only=offline or not download,
                                                       ignore_patterns=_NOT_LOADED))
     except (GatedRepoError, RepositoryNotFoundError):
         raise FileNotFoundError(
@@ -65,7 +65,7 @@ def hub_snapshot(repo_id: str) -> Path:
             "HF_TOKEN)") from None
     except LocalEntryNotFoundError:
         cache = huggingface_hub.constants.HF_HUB_CACHE
-        why = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"
+        why = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached" if download else "not downloaded"
         raise FileNotFoundError(
             f"model {repo_id!r} is neither a local folder nor in the Hugging Face cache {cache} ({why}): fetch it "
             f"with `hf download {repo_id}`, or point HF_HOME at a cache that holds it") from None

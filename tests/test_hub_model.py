@@ -2,6 +2,7 @@
 layout built offline (the end-to-end run from an id is tests/test_export.py's), and a missing id refused in one
 line naming the command that fetches it."""
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo.cli import main
 from rollout.models import is_hub_id, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +44,7 @@ def test_hub_ids_are_org_slash_name_and_nothing_else():
         assert not is_hub_id(spec), spec
 
 
-def test_an_id_resolves_to_its_snapshot_in_the_users_cache(tmp_path, tiny_text, monkeypatch):
+def test_an_id_resolves_to_its_snapshot_in_the_users_cache(tmp_path, tiny_text, monkeypatch, capsys):
     import huggingface_hub
 
     snapshot = hub_cache(tmp_path / "hf", "tiny-org/tiny-text", tiny_text)
@@ -52,6 +54,14 @@ def test_an_id_resolves_to_its_snapshot_in_the_users_cache(tmp_path, tiny_text, 
     from transformers import AutoConfig
 
     assert AutoConfig.from_pretrained(snapshot).model_type == AutoConfig.from_pretrained(tiny_text).model_type
+    # The dry run finds it in the cache, and says what to do about an id that is not there.
+    config = tmp_path / "run.yaml"
+    config.write_text("steps: 1\n")
+    for model, found in (("tiny-org/tiny-text", True), ("tiny-org/elsewhere", False)):
+        assert main(["train", str(config), "--model", model, "--dry-run"]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out.strip().splitlines()[-1])["model_found"] is found
+        assert ("`hf download tiny-org/elsewhere` does it now" in err) is not found
     # A local folder is itself, even when its relative path looks like an id.
     monkeypatch.chdir(tmp_path)
     shutil.copytree(tiny_text, tmp_path / "tiny-org" / "tiny-text")
