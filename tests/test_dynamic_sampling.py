@@ -59,7 +59,7 @@ class _Pool:
 
     def rollout_stored(self, tasks, group_size, config, faults=()):
         self.calls.append([t.seed for t in tasks])
-        trajs = [SimpleNamespace(reward=r, group_id=k, adapter_version=3, seed=t.seed, num_turns=2)
+        trajs = [SimpleNamespace(reward=r, group_id=k, adapter_version=3, seed=t.seed, num_turns=2, truncated=[])
                  for k, t in enumerate(tasks) for r in self.table(t.seed)]
         return trajs, [f"ref-{t.seed}" for t in tasks], _stats(len(trajs), 1.0)
 

@@ -202,6 +202,7 @@ class Trainer:
         g, wanted = cfg.group_size, cfg.tasks_per_step
         cap = wanted * algo.max_draw_factor if algo.dynamic_sampling else wanted
         trajs, groups, parts, n = [], [], [], wanted
+        reply_limit = cfg.rollout.max_tokens_per_turn if algo.overlong_buffer is not None else None
         while n:
             with phase(self, "rollout"):
                 if not trajs:  # the step's own draw, submitted up to pipeline.max_staleness steps ahead
@@ -216,7 +217,7 @@ class Trainer:
             trajs, groups = trajs + part, groups + refs
             parts.append(stats)
             with phase(self, "advantages"):
-                adv, kept, credit = batch_advantages(trajs, algo, cfg.rollout.max_tokens_per_turn)
+                adv, kept, credit = batch_advantages(trajs, algo, reply_limit)
             signal = sorted({i // g for i in kept})
             n = next_draw(wanted, len(signal), len(trajs) // g, cap) if algo.dynamic_sampling else 0
         if algo.dynamic_sampling:

@@ -186,7 +186,8 @@ class TrainWorker:
         loss (mean over updates), clip_fraction, ratio_mean, kl (with kl_coef > 0), sampler_abs_diff and
         sampler_abs_diff_max (trainer vs vLLM logprobs of the sampled tokens: the alarm for a silent sync
         failure), grad_norm (before clipping, mean over updates), lr, tokens_per_s (all tokens the model
-        ran), generated_tokens, sequences, updates, step.
+        ran), generated_tokens, sequences, updates, step; and those of the loss_type, importance sampling and
+        masks in use (docs/algorithms.md).
         """
         self._require_setup()
         t0 = time.perf_counter()
@@ -379,12 +380,13 @@ class TrainWorker:
             # A filler pass only keeps this rank's collectives in step with the others: with no token in its
             # loss mask it has loss 0, no gradient and no weight in the metrics.
             episode_tokens = torch.tensor([float(items[i].episode_tokens) for i in indices])
-            episodes = torch.tensor([items[i].episode for i in indices])[:, None].expand(mask.shape)
             if batch.seq_starts is not None:  # per token: a packed row holds several episodes' sequences
                 spans = list(self._spans(batch, indices, expanded))
                 episode_tokens = torch.cat([torch.full((n,), float(items[i].episode_tokens))
                                             for i, _, _, n in spans])[None]
                 episodes = torch.cat([torch.full((n,), items[i].episode) for i, _, _, n in spans])[None]
+            else:
+                episodes = torch.tensor([items[i].episode for i in indices])[:, None].expand(mask.shape)
             out = policy_loss(logprobs, old, adv, mask if real else torch.zeros_like(mask), self.algorithm,
                               plan.normalizer / self.world_size, ref_logprobs=ref, sampler_logprobs=sampler,
                               sequence_tokens=episode_tokens, sequence_ids=episodes.to(mask.device), entropy=entropy)
