@@ -203,3 +203,14 @@ def test_continuous_episodes_move_on_while_another_env_call_is_out(worker, sched
     else:
         # Lockstep waits for every env call of a turn: the fast episodes could not take turn 2 meanwhile.
         assert _TIMED_OUT[tag] == 2 and stats.engine_calls == 3
+
+
+@pytest.mark.slow
+def test_each_reply_records_its_length_and_whether_vllm_cut_it_at_the_limit(worker):
+    # Issue 37's plumbing (algorithm.mask_truncated, overlong_buffer, rollout/truncated), on this module's engine.
+    trajs, _ = worker.rollout([Task("gate", 0, {"tag": "cut"})], 2, RolloutConfig(max_tokens_per_turn=4))
+    for t in trajs:
+        runs = [end - start for spans in t.turn_spans() for start, end in spans]
+        assert t.reply_tokens == runs and len(t.truncated) == t.num_turns == 2
+        # vLLM's finish_reason "length": the reply ran to the limit without its stop token.
+        assert all(cut == (n == 4) for cut, n in zip(t.truncated, t.reply_tokens)) and any(t.truncated)
