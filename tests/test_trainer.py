@@ -110,7 +110,7 @@ def test_fit_writes_everything_and_resumes(tmp_path, tiny_vl):
     steps = [json.loads(x).get("step") for x in (out / "metrics.jsonl").read_text().splitlines()
              if "event" not in json.loads(x)]
     assert steps == [1, 2, 3] and done["steps"] == 3
-    assert done["stopped"] == "eval.target_success=0 reached at step 3"
+    assert done["stopped"] == "eval.target_success=0.0 reached at step 3"
 
 
 def test_bad_config_fails_before_ray_starts(tmp_path, tiny_vl):

@@ -1,4 +1,5 @@
-"""The driver process around a run: Ray started (or joined) and stopped, and SIGTERM turned into an orderly stop.
+"""The driver process around a run: the run opened (a resume or an ask the cluster cannot meet refused before
+anything is placed), Ray started (or joined) and stopped, and SIGTERM turned into an orderly stop.
 
 A SIGTERM (a scheduler's kill, `timeout`) unwinds like Ctrl-C, so that Ray and its /tmp folder are shut down,
 and the process exits with status 143 after one line saying where the run stopped.
@@ -12,8 +13,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+from pathlib import Path
 
-from grpo.driver import reaper
+from grpo.driver import reaper, resources
+from grpo.driver.preflight import check_faults
+from grpo.driver.state import check_resume
+from rollout import runtime
+from sync.atomic import atomic_write
 
 SIGTERM_EXIT = 128 + signal.SIGTERM
 
@@ -93,3 +99,43 @@ class RaySession:
         if self._reaper is not None:
             self._reaper.wait(timeout=10)  # it exits once the folder is gone
             self._reaper = None
+
+
+def open_run(run_dir: Path, config, ray: RaySession) -> tuple[resources.Placement, list]:
+    """Once per fit(), before anything is placed: a resume whose config changes the training is refused
+    (grpo.driver.state.check_resume), the caches set, Ray started or joined, an ask the cluster cannot meet
+    refused (grpo.driver.resources), then config.yaml written. Returns the placement and the config's changes
+    since the run it resumes."""
+    import ray as ray_api
+
+    changes = check_resume(run_dir, config)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    runtime.configure(run_dir, runtime.shared_cache_dir(run_dir))
+    ray.start(config.cluster.address, resources.cpus_to_start(config.cluster))
+    placement = resources.plan(config.cluster, ray_api.cluster_resources())
+    check_faults(config, placement.train_ranks)
+    atomic_write(str(run_dir / "config.yaml"), config.to_yaml().encode())
+    return placement, changes
+
+
+def checkpoint_phrase(run_dir: Path) -> str:
+    """The run's last checkpoint, for the line a stopped run ends with."""
+    from grpo.learner import checkpoint
+
+    try:
+        info = checkpoint.latest(str(Path(run_dir) / "checkpoints"))
+    except (OSError, ValueError, KeyError, checkpoint.CheckpointError) as e:
+        return f"the last checkpoint is unreadable ({e})"
+    return f"last checkpoint: step {info.step} at {info.path}" if info else "no checkpoint yet"
+
+
+def kept_phrase(run_dir: Path) -> str:
+    """What a run stopped by failed storage kept: its last checkpoint and its last verified adapter."""
+    from sync import AdapterStore, AdapterStoreError
+
+    try:
+        adapter = AdapterStore(str(Path(run_dir) / "store")).latest_verified()
+    except (OSError, AdapterStoreError) as e:
+        return f"{checkpoint_phrase(run_dir)}; no published adapter verifies ({e})"
+    return f"{checkpoint_phrase(run_dir)}; last published adapter: " + (f"v{adapter.version} (verified)"
+                                                                         if adapter else "none yet")

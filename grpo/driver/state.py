@@ -2,6 +2,7 @@
 run may change of its config."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,3 +114,12 @@ def check_resume(run_dir, config) -> list[tuple[str, object, object]]:
             f"{'these fields' if len(refused) > 1 else 'the field'} back to resume this one. Fields a resumed run "
             "may change: " + ", ".join(MAY_CHANGE) + " (docs/troubleshooting.md, \"Resuming with a changed config\")")
     return changes
+
+
+def log_changes(sink, changes: list[tuple[str, object, object]]) -> None:
+    """A resume's allowed config changes: one config_change event in metrics.jsonl, and a line on stderr."""
+    if changes:
+        sink.log({"event": "config_change", "changes": [{"field": f, "old": old, "new": new}
+                                                        for f, old, new in changes]})
+        print("[grpo] resuming with a changed config: " + ", ".join(f"{f} {old!r} -> {new!r}"
+                                                                   for f, old, new in changes), file=sys.stderr)

@@ -22,17 +22,17 @@ from pathlib import Path
 
 from grpo.algo.advantages import batch_advantages, next_draw
 from grpo.config import RunConfig
-from grpo.driver import resources, session, storage
+from grpo.driver import session, storage
 from grpo.driver.callbacks import CallbackList
 from grpo.driver.eval import eval_summary
 from grpo.driver.fault import RECORD as fault_record
 from grpo.driver.fault import ActorFault, InjectionPlan, flip_byte
 from grpo.driver.pipeline import Pipeline, check_versions, pipeline_record
-from grpo.driver.preflight import check_faults, check_run
+from grpo.driver.preflight import check_run
 from grpo.driver.progress import progress
 from grpo.driver.rollout_pool import RolloutPool, fetch
 from grpo.driver.run_lock import RunLock
-from grpo.driver.state import RunState, TaskSampler, check_resume
+from grpo.driver.state import RunState, TaskSampler, log_changes
 from grpo.driver.train_group import StoredEpisodes, TrainGroup
 from grpo.learner import checkpoint
 from grpo.report import summary as run_summary
@@ -40,7 +40,6 @@ from grpo.report.curves import plot_curves
 from grpo.report.metrics import MetricsSink, drop_steps_after, json_safe
 from grpo.report.samples import SampleWriter, pick, reward_components
 from grpo.report.table import summary_rows, table
-from rollout import runtime
 from rollout.models import resolve_model
 from rollout.trajectory import merge_stats
 from rollout.worker import Task
@@ -63,7 +62,6 @@ class Trainer:
         self.callbacks = CallbackList(callbacks)
         self.state = RunState()
         self.pool = self.group = self.sink = self.pipeline = None
-        self.placement: resources.Placement | None = None  # what the actors ask Ray for, set once Ray started
         self.samples = SampleWriter(self.run_dir / "samples.jsonl", self.model_path)
         self.eval_samples = SampleWriter(self.run_dir / "eval_samples.jsonl", self.model_path)
         self.restarts = 0
@@ -91,7 +89,7 @@ class Trainer:
                 except ActorFault as fault:
                     self._recover(fault)
         except Exception as e:
-            status = storage.report(e, self._where(), self._kept_phrase)
+            status = storage.report(e, self._where(), lambda: session.kept_phrase(self.run_dir))
             if status is None:
                 raise
             raise SystemExit(status) from None
@@ -115,11 +113,12 @@ class Trainer:
         sampler = TaskSampler(cfg.env.name, cfg.env.options, cfg.train_seed_offset, state.cursor, cfg.held_out_seeds)
         first = state.step + 1
         stopped = f"ran all {cfg.steps} steps"  # summary.json's `stopped`, unless a target or a callback ends it
+        reached_at = f"eval.target_success={cfg.eval.target_success} reached at step {{}}"
         if _met(state.evals.get(str(state.step)), cfg.eval.target_success):
             # A run that stopped at its target is done: run again, it reports, it does not train on.
             print(f"[grpo] this run reached eval.target_success={cfg.eval.target_success:g} at step {state.step}: "
                   "nothing left to train (a higher target trains on; a new output_dir starts over)", file=sys.stderr)
-            first, stopped = cfg.steps + 1, _reached(cfg, state.step)
+            first, stopped = cfg.steps + 1, reached_at.format(state.step)
         if self.callbacks.stop:  # returned while starting (on_train_begin, the evals before training)
             first, stopped = cfg.steps + 1, self.callbacks.stop
         bar = progress(state.step, cfg.steps, cfg.group_size, cfg.engine.max_model_len)
@@ -145,7 +144,7 @@ class Trainer:
                     for _ in plan.take(step, "checkpoint"):
                         flip_byte(Path(checkpoint.latest(self.checkpoint_root).path) / "__0_0.distcp")
                 if reached or self.callbacks.stop:
-                    stopped = self.callbacks.stop or _reached(cfg, step)
+                    stopped = self.callbacks.stop or reached_at.format(step)
                     break
         finally:
             bar.close()
@@ -326,8 +325,9 @@ class Trainer:
         limit = self.config.fault.max_restarts
         why = f"{fault.actor} failed in step {self._step}: {fault.cause.rstrip('.')}"
         if self.restarts > limit:
-            raise RunFailedError(f"{why}. The run has used all {limit} restarts (fault.max_restarts); "
-                                 f"{self._checkpoint_phrase()}; run the same command to resume") from fault
+            kept = session.checkpoint_phrase(self.run_dir)
+            raise RunFailedError(f"{why}. The run has used all {limit} restarts (fault.max_restarts); {kept}; run "
+                                 "the same command to resume") from fault
         print(f"[grpo] {why}; restart {self.restarts} of {limit}: new actors from the last checkpoint",
               file=sys.stderr, flush=True)
         self._close_actors()
@@ -345,28 +345,12 @@ class Trainer:
         self.sink.log(record)
         self._recovery = None
 
-    def _checkpoint_phrase(self) -> str:
-        try:
-            info = checkpoint.latest(self.checkpoint_root)
-        except (OSError, ValueError, KeyError, checkpoint.CheckpointError) as e:
-            return f"the last checkpoint is unreadable ({e})"
-        return f"last checkpoint: step {info.step} at {info.path}" if info else "no checkpoint yet"
-
-    def _kept_phrase(self) -> str:
-        from sync import AdapterStore, AdapterStoreError
-
-        try:
-            adapter = AdapterStore(self.store_root).latest_verified()
-        except (OSError, AdapterStoreError) as e:
-            return f"{self._checkpoint_phrase()}; no published adapter verifies ({e})"
-        return f"{self._checkpoint_phrase()}; last published adapter: " + (f"v{adapter.version} (verified)"
-                                                                             if adapter else "none yet")
-
     def _where(self) -> str:
         return f"in step {self._step}" if self._step else "while starting"
 
     def _stop_line(self, why: str) -> str:
-        return f"[grpo] {why} {self._where()}; {self._checkpoint_phrase()}; run the same command to resume"
+        return (f"[grpo] {why} {self._where()}; {session.checkpoint_phrase(self.run_dir)}; run the same command "
+                "to resume")
 
     def _save(self) -> None:
         state = self.state
@@ -411,25 +395,13 @@ class Trainer:
         return str(self.run_dir / "checkpoints")
 
     def _start(self) -> None:
-        """Ray and the metrics sink: once per fit(), kept across restarts. A resume with a changed config and an
-        ask the cluster cannot meet are refused here, before anything is placed."""
-        import ray
-
+        """The run opened (session.open_run: refusals before anything is placed), Ray, the metrics sink: once
+        per fit(), kept across restarts."""
         cfg = self.config
-        changes = check_resume(self.run_dir, cfg)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        runtime.configure(self.run_dir, runtime.shared_cache_dir(self.run_dir))
-        self._ray.start(cfg.cluster.address, resources.cpus_to_start(cfg.cluster))
-        self.placement = resources.plan(cfg.cluster, ray.cluster_resources())
-        check_faults(cfg, self.placement.train_ranks)
-        atomic_write(str(self.run_dir / "config.yaml"), cfg.to_yaml().encode())
+        self.placement, changes = session.open_run(self.run_dir, cfg, self._ray)
         self.sink = MetricsSink(self.run_dir, cfg.metrics.tensorboard, cfg.metrics.prometheus_port,
                                 wandb=cfg.metrics.wandb, run_config=cfg.to_dict())
-        if changes:
-            self.sink.log({"event": "config_change", "changes": [
-                {"field": name, "old": old, "new": new} for name, old, new in changes]})
-            print("[grpo] resuming with a changed config: " + ", ".join(
-                f"{name} {old!r} -> {new!r}" for name, old, new in changes), file=sys.stderr)
+        log_changes(self.sink, changes)
 
     def _start_actors(self) -> None:
         """Rollout workers and train ranks, fresh: at the start and after every fault."""
@@ -468,10 +440,6 @@ class Trainer:
 
 def rstats_version(trajs) -> int:
     return trajs[0].adapter_version if trajs else -1
-
-
-def _reached(cfg: RunConfig, step: int) -> str:
-    return f"eval.target_success={cfg.eval.target_success:g} reached at step {step}"
 
 
 def _met(evaluation: dict | None, target) -> bool:
