@@ -268,7 +268,7 @@ def test_overlong_penalty_shapes_the_rewards_before_the_advantages():
 
 
 def test_mask_truncated_zeroes_the_replies_cut_at_the_limit():
-    from grpo.learner.worker import trained_masks
+    from grpo.learner.tokens import trained_masks
 
     traj = _trajectory([2, 1, 2], [False, True, False])
     traj.segments = [Segment([1, 2, 3, 4, 5], [0, 1, 1, 0, 1], [0.0] * 5), Segment([6, 7, 8], [0, 1, 1], [0.0] * 3)]

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from grpo.learner.worker import token_advantages
+from grpo.learner.tokens import token_advantages
 from rollout.trajectory import Segment, Trajectory
 
 

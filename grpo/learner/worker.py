@@ -13,10 +13,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import numbers
 import os
 import time
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -27,55 +25,11 @@ from grpo.learner import checkpoint, dist, forward, packing, shared_prompt
 from grpo.learner.config import TrainConfig
 from grpo.learner.lora import LoraConfig, adapter_config, adapter_tensors, apply_lora
 from grpo.learner.plan import Plan, micro_batches, shard, split, token_rows
+from grpo.learner.tokens import Item, token_advantages, trained_masks
 from grpo.learner.vision_cache import VisionCache
 from rollout import runtime
 
 _REFERENCE = "reference"  # the adapter name of the frozen copy of the starting adapter: the KL reference
-
-
-@dataclass(frozen=True)
-class _Item:
-    segment: Any  # rollout.trajectory.Segment
-    advantages: torch.Tensor  # per token of the segment: its turn's advantage on generated tokens, 0 elsewhere
-    mask: torch.Tensor  # per token: 1 on the generated tokens that train (trained_masks)
-    episode: int  # the index of its trajectory in the batch
-    episode_tokens: int  # the trained tokens of its whole trajectory: sequence_mean's per-episode length
-
-
-def token_advantages(trajectory, advantage: float | Sequence[float]) -> list[torch.Tensor]:
-    """Per segment of `trajectory`, a per-token tensor: `advantage` on every generated token, or with one
-    value per turn, each turn's value on that turn's reply."""
-    spans = trajectory.turn_spans()
-    if torch.is_tensor(advantage):
-        advantage = advantage.tolist()
-    # numbers.Real also takes numpy's scalars; anything else is one value per turn.
-    per_turn = None if isinstance(advantage, numbers.Real) else [float(a) for a in advantage]
-    if per_turn is not None and len(per_turn) != sum(len(s) for s in spans):
-        raise ValueError(f"trajectory {trajectory.task_id} has {sum(len(s) for s in spans)} generated replies but "
-                         f"{len(per_turn)} per-turn advantages: one per turn")
-    out, turn = [], 0
-    for seg, runs in zip(trajectory.segments, spans):
-        t = torch.zeros(len(seg.token_ids), dtype=torch.float32)
-        for start, end in runs:
-            t[start:end] = float(advantage) if per_turn is None else per_turn[turn]
-            turn += 1
-        out.append(t)
-    return out
-
-
-def trained_masks(trajectory, mask_truncated: bool) -> list[torch.Tensor]:
-    """Per segment of `trajectory`, its loss mask as a long tensor; with `mask_truncated`, 0 on the replies
-    vLLM cut at the token limit (Trajectory.truncated)."""
-    masks = [torch.as_tensor(seg.loss_mask, dtype=torch.long) for seg in trajectory.segments]
-    if not (mask_truncated and any(trajectory.truncated)):
-        return masks
-    reply = 0
-    for mask, runs in zip(masks, trajectory.turn_spans()):
-        for start, end in runs:
-            if trajectory.truncated[reply]:
-                mask[start:end] = 0
-            reply += 1
-    return masks
 
 
 class TrainWorker:
@@ -199,7 +153,7 @@ class TrainWorker:
             masks = trained_masks(traj, self.algorithm.mask_truncated)
             trained = sum(int(m.sum()) for m in masks)
             # A segment with no trained token (none generated, or every reply cut at the limit) adds nothing.
-            items += [_Item(seg, adv, m, e, trained) for seg, adv, m in zip(traj.segments, token_advantages(traj, a),
+            items += [Item(seg, adv, m, e, trained) for seg, adv, m in zip(traj.segments, token_advantages(traj, a),
                                                                            masks) if m.any()]
         split_episodes = [trajectories[i].task_id for i in {it.episode for it in items}
                           if sum(it.episode == i for it in items) > 1]
@@ -257,7 +211,7 @@ class TrainWorker:
         })
         return metrics
 
-    def _plan(self, items: list[_Item], chunk: list[int]) -> Plan:
+    def _plan(self, items: list[Item], chunk: list[int]) -> Plan:
         lengths = {i: self._length(items[i].segment) for i in chunk}
         shares, budget = shard(chunk, lengths, self.world_size), self.train.tokens_per_micro_batch
         prompts = {i: shared_prompt.prompt_of(items[i].segment) for i in chunk} if self.train.share_prompts else None
@@ -277,7 +231,7 @@ class TrainWorker:
             extra += self._image_tokens[img.size] - 1
         return len(seg.token_ids) + extra
 
-    def _expand(self, item: _Item) -> forward.Expanded:
+    def _expand(self, item: Item) -> forward.Expanded:
         seg = item.segment
         return forward.expand(self.processor, seg.token_ids, seg.images, [
             item.mask,
@@ -353,7 +307,7 @@ class TrainWorker:
                                                                       [ref[row, start:start + n].cpu()])
         return scored
 
-    def _update(self, plan: Plan, items: list[_Item], expanded: dict, scored: dict | None):
+    def _update(self, plan: Plan, items: list[Item], expanded: dict, scored: dict | None):
         self.model.train()
         schedule = plan.schedule()
         outputs: list[LossOutput] = []
