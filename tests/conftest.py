@@ -2,6 +2,7 @@
 that is removed at the end, never under the home folder."""
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -11,6 +12,8 @@ import pytest
 from rollout import runtime
 
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="grpo-tests-"))
+# A run uses the user's own Hugging Face home (their cache, their token); the tests use one of their own.
+os.environ["HF_HOME"] = str(_SESSION_DIR / "hf")
 runtime.configure(_SESSION_DIR)
 
 
