@@ -8,8 +8,9 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MAZE = ROOT / "examples" / "maze" / "README.md"
 PAGES = ["design", "config", "callbacks", "models", "benchmarks", "fault-tolerance", "metrics", "install", "tools",
-         "datasets"]
-DOCS = [README, MAZE, *(ROOT / "docs" / f"{p}.md" for p in PAGES)]
+         "export", "algorithms", "troubleshooting", "coming-from-trl", "datasets"]
+REASONING = ROOT / "examples" / "reasoning" / "README.md"
+DOCS = [README, MAZE, REASONING, *(ROOT / "docs" / f"{p}.md" for p in PAGES)]
 CODE = ["grpo", "rollout", "sync", "envs", "examples", "benchmarks", "tests"]
 # A file or folder of the repository written in backticks, e.g. `grpo/driver/fault.py` or `envs/maze/` (a metric
 # key such as `rollout/success_rate` has neither a suffix nor a trailing slash).

@@ -49,3 +49,5 @@ def test_the_readme_table_is_the_results_rendered():
     block = text.split(seeds.BEGIN, 1)[1].split(seeds.END, 1)[0].strip()
     assert block == seeds.table(res)
     assert [r["seed"] for r in res["seeds"]] == list(seeds.SEEDS)
+    top = seeds.TOP_README.read_text().split(seeds.HEADLINE[0], 1)[1].split(seeds.HEADLINE[1], 1)[0].strip()
+    assert top == seeds.headline(res)

@@ -21,6 +21,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "grpo.json"
 README = HERE / "README.md"
 BEGIN, END = "<!-- reasoning-seeds -->", "<!-- /reasoning-seeds -->"
+TOP_README = HERE.parents[1] / "README.md"
+HEADLINE = "<!-- reasoning-headline -->", "<!-- /reasoning-headline -->"
 SEEDS = (0, 1, 2)
 
 
@@ -54,6 +56,15 @@ def table(res: dict) -> str:
                                "(128 questions).")
 
 
+def headline(res: dict) -> str:
+    """The project README's sentence, from results/grpo.json."""
+    rows = res["seeds"]
+    return (f"greedy accuracy on 128 held-out test questions goes from {spread([r['test_before'] for r in rows])} "
+            f"to {spread([r['test_after'] for r in rows])} in 20 GRPO steps, over training seeds "
+            f"{','.join(str(r['seed']) for r in rows)}, each run within {max(r['wall_s'] for r in rows):.0f} s. "
+            f"Measured {res['date']} on a 2-core {res['machine']}.")
+
+
 def _points(gains: list[float]) -> str:
     """The gains' mean and range in percentage points."""
     points = [100 * g for g in gains]
@@ -71,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
                                       indent=1) + "\n")
     res = json.loads(RESULTS.read_text())
     write_block(README, BEGIN, END, table(res))
+    write_block(TOP_README, *HEADLINE, headline(res))
     print(table(res))
 
 
