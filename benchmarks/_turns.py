@@ -85,6 +85,21 @@ class Contender:
         return code
 
 
+def step_each(started: dict, k: int, failed: dict, log_of, label: str) -> tuple[dict, dict]:
+    """Step k (0-based) of every started side in turn: their records, and the exit codes of the sides that failed
+    (closed and dropped from `started`, their reason in `failed`, `log_of(side)` the log whose tail says why).
+    `label` starts the lines it prints."""
+    records, exits = {}, {}
+    for side, c in list(started.items()):
+        try:
+            records[side] = c.step()
+        except (RuntimeError, TimeoutError) as e:
+            failed[side] = f"failed at step {k + 1}: {e}: {log_of(side)}"
+            print(f"{label} {side} {failed[side]}", file=sys.stderr, flush=True)
+            exits[side] = started.pop(side).close(60)
+    return records, exits
+
+
 def add_workload_args(ap) -> None:
     """The workload flags both contenders take, with one set of defaults, so both sides run the same work."""
     ap.add_argument("--model", required=True)

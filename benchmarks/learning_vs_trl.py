@@ -145,7 +145,7 @@ def trl_settings(config, steps: int, eval_every: int, generate: str) -> dict:
 
 def run_seed(seed: int, sides: list[str], config_path: Path, model: Path, steps: int, eval_every: int,
              generate: str, work: Path, trl_python: Path | None) -> dict:
-    from benchmarks._turns import Contender
+    from benchmarks._turns import Contender, step_each
     from benchmarks.vs_trl import child_env, tail
 
     work = work / f"seed{seed}"
@@ -180,14 +180,11 @@ def run_seed(seed: int, sides: list[str], config_path: Path, model: Path, steps:
             started[side] = c
             result[side] = {"ready": {k: ready[k] for k in ("at_s", "eval_s", "test_accuracy")}, "steps": []}
         for k in range(steps):
-            for side, c in list(started.items()):
-                try:
-                    record = c.step()
-                except (RuntimeError, TimeoutError) as e:
-                    failed[side] = f"failed at step {k + 1}: {e}: {tail(work / f'{side}.log')}"
-                    print(f"[learning_vs_trl] seed {seed}: {side} {failed[side]}", file=sys.stderr, flush=True)
-                    result[side]["exit_code"] = started.pop(side).close(60)
-                    continue
+            records, exits = step_each(started, k, failed, lambda side: tail(work / f"{side}.log"),
+                                       f"[learning_vs_trl] seed {seed}:")
+            for side, code in exits.items():
+                result[side]["exit_code"] = code
+            for side, record in records.items():
                 result[side]["steps"].append({key: record[key] for key in STEP_KEYS if key in record})
             print(f"[learning_vs_trl] seed {seed} step {k + 1}, load {os.getloadavg()[0]:.1f}: " + ", ".join(
                 f"{s} {result[s]['steps'][-1]['step_s']:.1f} s, test "

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from benchmarks._machine import ROOT, fresh_run_dir, write_result
-from benchmarks._turns import Contender
+from benchmarks._turns import Contender, step_each
 
 SIDES = ("engine", "trl-hf", "trl-vllm")
 SIZES = ("tiny", "bench")
@@ -94,20 +94,16 @@ def run_size(size: str, sides: list[str], steps: int, work: Path, trl_python: Pa
             result["sides"][side] = {"ready_s": round(ready["at_s"], 2), "marks": ready.get("marks", {}),
                                      "steps": []}
         for k in range(steps):
-            for side, c in list(started.items()):
-                try:
-                    rec = c.step()
-                except (RuntimeError, TimeoutError) as e:
-                    failed[side] = f"failed at step {k + 1}: {e}: {tail(work / f'{side}.log')}"
-                    print(f"[vs_trl] {size}: {side} {failed[side]}", file=sys.stderr, flush=True)
-                    result["sides"][side]["exit_code"] = started.pop(side).close(60)
-                    continue
+            records, exits = step_each(started, k, failed, lambda side: tail(work / f"{side}.log"), f"[vs_trl] {size}:")
+            for side, code in exits.items():
+                result["sides"][side]["exit_code"] = code
+            for side, rec in records.items():
                 rec.pop("event", None)
                 result["sides"][side]["steps"].append(rec)
-                if k == 0:
+                if k == 0 and side in started:
                     # From launch to the first step's end, less the time it sat ready while the others started.
-                    result["sides"][side]["first_step_done_s"] = round(rec["at_s"] - c.held_s, 2)
-                    result["sides"][side]["held_before_first_step_s"] = round(c.held_s, 2)
+                    result["sides"][side]["first_step_done_s"] = round(rec["at_s"] - started[side].held_s, 2)
+                    result["sides"][side]["held_before_first_step_s"] = round(started[side].held_s, 2)
             print(f"[vs_trl] {size} step {k + 1}, load {os.getloadavg()[0]:.1f}: " + ", ".join(
                 f"{s} {result['sides'][s]['steps'][-1]['step_s']:.2f} s" for s in started), file=sys.stderr, flush=True)
     finally:
