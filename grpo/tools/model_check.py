@@ -118,14 +118,14 @@ def _rollout(engine, chat) -> dict:
 
 def _gap(scorer, adapter: str, processor, traj: dict) -> float:
     """max |vLLM - transformers + peft| over the sampled tokens, with peft's adapter `adapter` active."""
-    lp, vllm, _ = _scored(scorer, adapter, processor, traj)
+    lp, vllm = _scored(scorer, adapter, processor, traj)
     return float((lp - vllm).abs().max())
 
 
 def _scored(scorer, adapter: str, processor, traj: dict, exact: bool = False):
-    """The sampled tokens' logprobs as the trainer scores them and as vLLM reported them, float64, and the
-    batch. exact: `scorer` is a float64 model, and its logits' log-softmax is taken in float64 too (the
-    trainer's own path rounds logits to float32 first)."""
+    """The sampled tokens' logprobs as the trainer scores them and as vLLM reported them, float64.
+    exact: `scorer` is a float64 model, and its logits' log-softmax is taken in float64 too (the trainer's own
+    path rounds logits to float32 first)."""
     import torch
 
     from grpo.learner import forward
@@ -142,22 +142,14 @@ def _scored(scorer, adapter: str, processor, traj: dict, exact: bool = False):
             lp = forward.target_logprobs(logits, batch.input_ids[:, 1:][keep[:, 1:]], batch.banned_ids)
         else:
             lp = forward.token_logprobs(scorer, batch, mask=batch.per_token[0])[keep]
-    return lp.double(), batch.per_token[1][keep], batch
+    return lp.double(), batch.per_token[1][keep]
 
 
-def float32_floor(model_dir, adapter_path: str, processor, traj: dict, scored) -> dict:
+def float32_floor(exact_model, adapter: str, processor, traj: dict, scored) -> dict:
     """How far float32 itself puts the trainer from exact arithmetic on this trajectory: its logprobs
-    (`scored`, from _scored) against the same model and adapter computed in float64; and vLLM's."""
-    import torch
-    from peft import PeftModel
-
-    from grpo.learner import forward
-
-    exact_model = PeftModel.from_pretrained(forward.load_model(model_dir, dtype=torch.float64), adapter_path,
-                                            adapter_name="exact").eval()
-    exact, vllm, _ = _scored(exact_model, "exact", processor, traj, exact=True)
-    trainer = scored[0]
-    return {"trainer_vs_float64": float((trainer - exact).abs().max()),
+    (`scored`, from _scored) against `exact_model` (the same model and adapters in float64); and vLLM's."""
+    exact, vllm = _scored(exact_model, adapter, processor, traj, exact=True)
+    return {"trainer_vs_float64": float((scored[0] - exact).abs().max()),
             "vllm_vs_float64": float((vllm - exact).abs().max())}
 
 
@@ -225,6 +217,7 @@ def check_model(model_dir, work_dir, log) -> dict:
         scorer.load_adapter(paths["v2"][1], adapter_name="v2")
         gaps: dict[str, dict[str, float]] = {"merged": {}, "lora": {}}
         floors: dict[str, dict[str, float]] = {}
+        exact_model = None  # the float64 copy with adapter v1, loaded once for both modes' floors
         ids_ok = True
         v2_traj = None
         for mode in ("merged", "lora"):
@@ -239,7 +232,10 @@ def check_model(model_dir, work_dir, log) -> dict:
             scored = _scored(scorer, "v1", processor, traj)
             gaps[mode]["v1"] = float((scored[0] - scored[1]).abs().max())
             stage = f"float64 floor ({mode})"
-            floors[mode] = float32_floor(model_dir, paths["v1"][1], processor, traj, scored)
+            if exact_model is None:
+                exact_model = PeftModel.from_pretrained(forward.load_model(model_dir, dtype=torch.float64),
+                                                        paths["v1"][1], adapter_name="v1").eval()
+            floors[mode] = float32_floor(exact_model, "v1", processor, traj, scored)
             ids_ok &= _ids_match(traj, processor)
             stage = f"hot-load ({mode})"
             engine.load_adapter(*paths["v2"])
