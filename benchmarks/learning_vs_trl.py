@@ -42,6 +42,13 @@ the reason, when that leaves the median there). `test_before_*`, `test_after_*`:
 side's first and last test accuracy. Writes benchmarks/results/learning_vs_trl.json and .png (test accuracy
 against wall time, every seed, both sides); a quick run (--quick: 1 seed, 3 steps; or anything short of the
 full protocol) writes learning_vs_trl-quick.json and .png. The last line printed is the result.
+
+A full run takes about an hour a seed on 2 cores, so each finished seed of a full run is kept in
+benchmarks/results/learning_vs_trl-seeds/seedN.json, with the protocol it ran under (the config, steps,
+evaluation, TRL's packages) and its machine; `--resume` takes the seeds found there under the same protocol and
+runs only the others (a seed file of another protocol is refused, naming what differs). Without `--resume` a
+full run starts that folder afresh. Each seed's ratio is measured side by side within that seed, on one machine;
+the result lists each seed's machine and date (`seed_machines`).
 """
 from __future__ import annotations
 
@@ -49,6 +56,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -62,6 +70,7 @@ SIDES = ("engine", "trl")
 LABELS = {"engine": "this engine (grpo.Trainer)", "trl": "TRL GRPOTrainer"}
 FULL = {"seeds": 3, "eval_every": 2}  # and the config's steps
 QUICK = {"seeds": 1, "steps": 3, "eval_every": 2}
+SEEDS_DIR = RESULTS / "learning_vs_trl-seeds"
 TRL_GENERATE = "vllm"
 # The engine drops groups whose rewards are all equal (their advantage is 0 either way); TRL keeps them in its
 # loss's token count, so the same gradient is divided by more tokens there.
@@ -120,6 +129,40 @@ def median_over_seeds(values: list[float | None]) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------ the run
+def protocol(config, steps: int, eval_every: int, trl_generate: str) -> dict:
+    """What a seed ran under: seeds pool into one result only when this is the same for each (as JSON reads it)."""
+    return json.loads(json.dumps({"config": config.to_dict(), "steps": steps, "eval_every": eval_every,
+                                  "trl_generate": trl_generate, "trl_packages": list(PACKAGES)}))
+
+
+def saved_seed(folder: Path, seed: int, wanted: dict) -> dict | None:
+    """The run of `seed` kept in `folder` under the protocol `wanted`; None when there is none. A seed kept under
+    another protocol is refused: pooling it would mix two different benchmarks."""
+    path = folder / f"seed{seed}.json"
+    if not path.exists():
+        return None
+    kept = json.loads(path.read_text())
+    if kept.get("protocol") != wanted:
+        theirs = kept.get("protocol") or {}
+        differ = sorted(k for k in set(theirs) | set(wanted) if theirs.get(k) != wanted.get(k))
+        raise SystemExit(f"--resume: {path} ran under another protocol (differs in {', '.join(differ)}); delete "
+                         f"{folder} to start afresh, or run without --resume")
+    return kept["run"]
+
+
+def keep_seed(folder: Path, run: dict, wanted: dict) -> Path:
+    """Write a finished seed's run with its protocol and machine (to a temporary name first: a kill leaves no
+    torn file)."""
+    from benchmarks._machine import machine_info
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"seed{run['seed']}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"protocol": wanted, "machine": machine_info(peak=False), "run": run}, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
 def run_config(path: Path, overrides: list[str]):
     import grpo
 
@@ -255,6 +298,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="how TRL generates, in training and for its test accuracy")
     ap.add_argument("--config", default=str(CONFIG))
     ap.add_argument("--work", default=str(ROOT / "runs" / "learning_vs_trl"))
+    ap.add_argument("--resume", action="store_true",
+                    help=f"a full run: take the seeds kept in {SEEDS_DIR.relative_to(ROOT)} under the same protocol")
+    ap.add_argument("--seeds-dir", default=str(SEEDS_DIR), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     sides = [s for s in a.sides.split(",") if s]
     if set(sides) - set(SIDES) or not sides:
@@ -278,13 +324,27 @@ def main(argv: list[str] | None = None) -> dict:
 
         grpo_config_kwargs(shared.to_dict(), steps, a.trl_generate == "vllm", "check")  # refuses before starting
         trl_python = ensure()
+    if a.resume and quick:
+        ap.error("--resume takes the seeds of full runs only: drop --resume, or run the full protocol")
+    wanted, seeds_dir = protocol(config, steps, eval_every, a.trl_generate), Path(a.seeds_dir)
+    if not quick and not a.resume:
+        shutil.rmtree(seeds_dir, ignore_errors=True)
     t0 = time.perf_counter()
     loads = [os.getloadavg()[0]]
-    runs = []
+    runs, seed_machines = [], {}
     for seed in range(seeds):
-        print(f"[learning_vs_trl] seed {seed + 1} of {seeds}", file=sys.stderr, flush=True)
-        runs.append(run_seed(seed, sides, config_path, model, steps, eval_every, a.trl_generate,
-                             Path(a.work).resolve(), trl_python))
+        kept = saved_seed(seeds_dir, seed, wanted) if a.resume else None
+        print(f"[learning_vs_trl] seed {seed + 1} of {seeds}{' (kept from an earlier run)' if kept else ''}",
+              file=sys.stderr, flush=True)
+        run = kept or run_seed(seed, sides, config_path, model, steps, eval_every, a.trl_generate,
+                               Path(a.work).resolve(), trl_python)
+        if not quick and not kept:
+            keep_seed(seeds_dir, run, wanted)
+        if not quick:
+            machine = json.loads((seeds_dir / f"seed{seed}.json").read_text())["machine"]
+            seed_machines[seed] = {"cpu": machine["cpu"]["model"], "cores": machine["cpu"]["cores"],
+                                   "date": machine["date"]}
+        runs.append(run)
         loads.append(os.getloadavg()[0])
     s = shared
     result = {"benchmark": "learning_vs_trl", "quick": quick, "config": str(config_path), "model": str(model),
@@ -298,7 +358,8 @@ def main(argv: list[str] | None = None) -> dict:
               "differences": ({"algorithm.drop_zero_signal_groups": DROP_ZERO_SIGNAL}
                               if s.algorithm.drop_zero_signal_groups else {}),
               "trl_packages": list(PACKAGES) if trl_python else None, **summarize(runs), "runs": runs,
-              "load_average_during": [round(x, 2) for x in loads], "wall_s": round(time.perf_counter() - t0, 1)}
+              "load_average_during": [round(x, 2) for x in loads], "seed_machines": seed_machines,
+              "wall_s": round(time.perf_counter() - t0, 1)}
     png = RESULTS / f"{result_name('learning_vs_trl', quick)}.png"
     result["png"] = str(png)
     write_result("learning_vs_trl", result)

@@ -70,3 +70,16 @@ def test_trl_batch_split_matches_the_engines_updates_and_micro_batches():
         batch_split(8, 8, 3, 32)
     with pytest.raises(ValueError, match="train.micro_batch_size=12 must divide the mini-batch of 32"):
         batch_split(8, 8, 2, 12)
+
+
+def test_a_kept_seed_is_taken_under_its_protocol_and_refused_under_another(tmp_path):
+    wanted = {"config": {"steps": 20, "lora": {"rank": 16}}, "steps": 20, "eval_every": 2, "trl_generate": "vllm",
+              "trl_packages": ["trl==1.16.0"]}
+    run = {"seed": 1, "engine": {"curve": ENGINE, "complete": True}, "trl": {"curve": TRL, "complete": True}}
+    assert L.saved_seed(tmp_path, 1, wanted) is None
+    path = L.keep_seed(tmp_path, run, wanted)
+    assert path == tmp_path / "seed1.json" and not list(tmp_path.glob("*.tmp"))
+    assert L.saved_seed(tmp_path, 1, wanted) == run
+    other = {**wanted, "eval_every": 4, "config": {"steps": 20, "lora": {"rank": 8}}}
+    with pytest.raises(SystemExit, match=r"another protocol \(differs in config, eval_every\)"):
+        L.saved_seed(tmp_path, 1, other)
