@@ -135,6 +135,11 @@ def protocol(config, steps: int, eval_every: int, trl_generate: str) -> dict:
                                   "trl_generate": trl_generate, "trl_packages": list(PACKAGES)}))
 
 
+def finished(run: dict) -> bool:
+    """Whether both sides of a seed's run (run_seed's result) trained every step."""
+    return all((run.get(side) or {}).get("complete") for side in SIDES)
+
+
 def saved_seed(folder: Path, seed: int, wanted: dict) -> dict | None:
     """The run of `seed` kept in `folder` under the protocol `wanted`; None when there is none. A seed kept under
     another protocol is refused: pooling it would mix two different benchmarks."""
@@ -241,7 +246,7 @@ def run_seed(seed: int, sides: list[str], config_path: Path, model: Path, steps:
             result[side]["curve"] = curve(result[side]["ready"], result[side]["steps"])
             result[side]["complete"] = side not in failed and len(result[side]["steps"]) == steps
     result["failed"] = failed
-    if all((result.get(s) or {}).get("complete") for s in SIDES):
+    if finished(result):
         result["ratio"] = seed_ratio(result["engine"]["curve"], result["trl"]["curve"])
     return result
 
@@ -338,9 +343,9 @@ def main(argv: list[str] | None = None) -> dict:
               file=sys.stderr, flush=True)
         run = kept or run_seed(seed, sides, config_path, model, steps, eval_every, a.trl_generate,
                                Path(a.work).resolve(), trl_python)
-        if not quick and not kept:
+        if not quick and not kept and finished(run):  # a failed seed is not kept: --resume runs it again
             keep_seed(seeds_dir, run, wanted)
-        if not quick:
+        if not quick and (seeds_dir / f"seed{seed}.json").exists():
             machine = json.loads((seeds_dir / f"seed{seed}.json").read_text())["machine"]
             seed_machines[seed] = {"cpu": machine["cpu"]["model"], "cores": machine["cpu"]["cores"],
                                    "date": machine["date"]}

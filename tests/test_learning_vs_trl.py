@@ -83,3 +83,10 @@ def test_a_kept_seed_is_taken_under_its_protocol_and_refused_under_another(tmp_p
     other = {**wanted, "eval_every": 4, "config": {"steps": 20, "lora": {"rank": 8}}}
     with pytest.raises(SystemExit, match=r"another protocol \(differs in config, eval_every\)"):
         L.saved_seed(tmp_path, 1, other)
+
+
+def test_a_seed_counts_as_finished_only_when_both_sides_trained_every_step():
+    done = {"engine": {"complete": True}, "trl": {"complete": True}}
+    assert L.finished(done)
+    assert not L.finished({**done, "trl": {"complete": False}})
+    assert not L.finished({"engine": {"complete": True}})  # TRL never started
