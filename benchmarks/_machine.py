@@ -8,15 +8,22 @@ measured in the same run (fp32 and bf16), against which achieved FLOP/s are judg
     from benchmarks._machine import write_result
     write_result("step", result)        # adds result["machine"], writes benchmarks/results/step.json
                                         # (step-quick.json when result["quick"] is True)
+
+A benchmark run on a real model (`--model smollm2-135m-instruct`: bench_model) writes under a name that says
+the model, result_stem("rollout", model) -> rollout-smollm2-135m-instruct, beside the bench model's rollout.json.
 """
 from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
+import re
 import shutil
+import struct
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -136,6 +143,52 @@ def result_name(name: str, quick: bool) -> str:
     caller passed, so that a smoke test never stands under a full run's name."""
     base = name.removesuffix("-quick")
     return f"{base}-quick" if quick else base
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """The model a benchmark runs on instead of its bench model (--model)."""
+    name: str    # in the result file's name: rollout-NAME.json
+    path: str    # the folder vLLM and the trainer load
+    label: str   # in the figures: the model's own name and size
+    params: int  # as its weight files hold them (a tied embedding once)
+
+    def record(self) -> dict:
+        return {"name": self.name, "label": self.label, "path": self.path, "params": self.params}
+
+
+def bench_model(spec: str) -> BenchModel:
+    """A name rollout.pretrained knows (pulled on first use), a Hub id or a model folder, as --model gives it."""
+    from rollout import pretrained
+    from rollout.models import resolve_model
+
+    path = resolve_model(spec)
+    # What the user named, not the folder it resolved to (a Hub snapshot's folder is named by a commit).
+    name = Path(spec).stem if str(spec).endswith(".gguf") else Path(spec).name
+    source = path / pretrained.SOURCE_FILE
+    shown = json.loads(source.read_text()).get("source", name) if source.is_file() else name
+    params = safetensors_params(path)
+    return BenchModel(name=re.sub(r"[^\w.-]+", "-", name).lower(), path=str(path),
+                      label=f"{shown.rsplit('/', 1)[-1]}, {params / 1e6:.1f}M params", params=params)
+
+
+def safetensors_params(folder: str | Path) -> int:
+    """The parameters in a folder's *.safetensors files, from their headers (no tensor is read)."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder} holds no *.safetensors file: benchmarks count a model's parameters "
+                                "from them; save the model with save_pretrained(safe_serialization=True)")
+    total = 0
+    for path in files:
+        with open(path, "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        total += sum(math.prod(entry["shape"]) for key, entry in header.items() if key != "__metadata__")
+    return total
+
+
+def result_stem(benchmark: str, model: BenchModel | None) -> str:
+    """The result's file stem: the benchmark's own name on its bench model, BENCHMARK-MODEL on another."""
+    return benchmark if model is None else f"{benchmark}-{model.name}"
 
 
 def write_result(name: str, result: dict, machine: dict | None = None, results_dir: str | Path = RESULTS) -> Path:

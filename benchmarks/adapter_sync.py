@@ -1,6 +1,6 @@
 """Adapter sync cost: publish to the store and hot-load into vLLM, against the bare minimum, and stale reads.
 
-    python -m benchmarks.adapter_sync [--quick] [--model PATH] [--run-dir runs/bench-sync]
+    python -m benchmarks.adapter_sync [--quick] [--model smollm2-135m-instruct|PATH] [--run-dir runs/bench-sync]
 
 Per version, in one process with one in-process vLLM engine (rank-32 LoRA on the language model):
 - publish_and_hotload: sync.AdapterStore.publish (serialise, sha256, fsync, rename, manifest, GC) plus
@@ -17,8 +17,9 @@ decoder layers (333 MB of fp32 tensors, random). Publishing needs no model. An 8
 machine, so the hot-load side runs on a 2-layer text model with the 8B widths (hidden 4096, 32/8 heads of
 128, intermediate 12288): vLLM still reads and converts the whole 36-layer file (it loads every tensor the
 file holds), and copies the 2 layers the model has into its LoRA slots.
-The last line printed is one JSON object, also written to benchmarks/results/sync.json (sync-quick.json with
---quick) with the machine.
+On another model (--model) the run is the first part, on that model's adapter; the 8B shapes, which need no
+model, are the bench run's. The last line printed is one JSON object, also written to
+benchmarks/results/sync.json (sync-quick.json with --quick; sync-MODEL.json with --model) with the machine.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks._machine import RESULTS, ROOT, machine_info, write_result
+from benchmarks._machine import RESULTS, ROOT, bench_model, machine_info, result_stem, write_result
 
 RANK = 32
 TOLERANCE = 1e-3
@@ -39,7 +40,8 @@ TOLERANCE = 1e-3
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="8 versions (about 2 minutes)")
-    ap.add_argument("--model", help="a vision-language or text model folder (default: tiny Qwen3-VL, preset bench)")
+    ap.add_argument("--model", help="a name rollout.pretrained knows (smollm2-135m-instruct), a Hub id or a "
+                                    "vision-language or text model folder (default: tiny Qwen3-VL, preset bench)")
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "bench-sync"))
     ap.add_argument("--out", help="the result file (default: benchmarks/results/sync.json; NAME-quick.json for a "
                                   "quick run)")
@@ -70,7 +72,8 @@ def main(argv=None) -> dict:
     from sync import AdapterStore
 
     versions = 8 if a.quick else 12
-    model_path = a.model or str(tiny_models.build("vl", run_dir / "models" / "vl-bench", preset="bench"))
+    model = bench_model(a.model) if a.model else None
+    model_path = model.path if model else str(tiny_models.build("vl", run_dir / "models" / "vl-bench", preset="bench"))
     for stale in ("store", "raw"):
         shutil.rmtree(run_dir / stale, ignore_errors=True)
     store = AdapterStore(run_dir / "store", keep_last=2)
@@ -132,10 +135,10 @@ def main(argv=None) -> dict:
 
     hot, rawm = statistics.median(hot_ms), statistics.median(raw_ms)
     load_after_bench = round(os.getloadavg()[0], 2)
-    seed_size = None if a.skip_8b_shapes else seed_size_sync(run_dir, versions=2 if a.quick else 4)
+    seed_size = None if a.skip_8b_shapes or model else seed_size_sync(run_dir, versions=2 if a.quick else 4)
     result = {
-        # Without the 8B shapes the run is not the full protocol: it is written as a quick one.
-        "benchmark": "sync", "quick": a.quick or a.skip_8b_shapes, "model": model_path,
+        # Without the 8B shapes the bench run is not the full protocol: it is written as a quick one.
+        "benchmark": "sync", "quick": a.quick or a.skip_8b_shapes, "model": model.record() if model else model_path,
         "lora_rank": RANK, "adapter_mb": round(adapter_mb, 3), "versions": versions,
         "publish_and_hotload_ms": round(hot, 2),
         "publish_ms": round(statistics.median(publish_ms), 2),
@@ -150,7 +153,8 @@ def main(argv=None) -> dict:
         "seed_size": seed_size,
     }
     result["headline"] = [
-        {"figure": f"publish + hot-load, rank-32 adapter of the bench model ({result['adapter_mb']} MB)",
+        {"figure": f"publish + hot-load, rank-32 adapter of {model.label if model else 'the bench model'} "
+                   f"({result['adapter_mb']} MB)",
          "value": result["publish_and_hotload_ms"], "unit": "ms", "baseline": result["raw_ms"],
          "baseline_name": "save_file + add_lora", "ratio": result["ratio"]},
     ]
@@ -159,7 +163,7 @@ def main(argv=None) -> dict:
             {"figure": f"publish + hot-load, rank-32 adapter at Qwen3-VL-8B shapes ({seed_size['adapter_mb']} MB)",
              "value": seed_size["publish_and_hotload_ms"], "unit": "ms", "baseline": seed_size["raw_ms"],
              "baseline_name": "save_file + add_lora", "ratio": seed_size["ratio"]})
-    out = Path(a.out or RESULTS / "sync.json")
+    out = Path(a.out or RESULTS / f"{result_stem('sync', model)}.json")
     write_result(out.stem, result, machine, out.parent)
     print(json.dumps(result))
     return result

@@ -10,7 +10,8 @@ by its name: a quick run, or a file that does not say, is left out. A result nam
 a list of rows {"figure", "value", "unit", "baseline", "baseline_name", "ratio", "ratio_range"} (all but figure
 and value optional; ratio_range [min, max] over repeated runs, shown beside the ratio). A result without a
 headline contributes one row per top-level number whose key starts with "ratio". The machine and date
-columns come from the "machine" block benchmarks/_machine.py writes.
+columns come from the "machine" block benchmarks/_machine.py writes. A benchmark run on a real model writes
+NAME-MODEL.json (benchmarks/_machine.py's result_stem): its rows follow NAME's, in every table that shows NAME.
 """
 from __future__ import annotations
 
@@ -112,9 +113,16 @@ def full_run(result: dict) -> bool:
 
 
 def load(results_dir: str | Path = RESULTS) -> dict[str, dict]:
-    """Every full-run result by its file's stem, in name order (quick runs' smoke figures are left out)."""
-    results = {path.stem: json.loads(path.read_text()) for path in sorted(Path(results_dir).glob("*.json"))}
+    """Every full-run result by its file's stem, in the stems' order, so NAME-MODEL follows NAME (quick runs'
+    smoke figures are left out)."""
+    paths = sorted(Path(results_dir).glob("*.json"), key=lambda path: path.stem)
+    results = {path.stem: json.loads(path.read_text()) for path in paths}
     return {name: result for name, result in results.items() if full_run(result)}
+
+
+def with_models(results: dict[str, dict], name: str) -> dict[str, dict]:
+    """Benchmark NAME's result and its runs on real models (NAME-MODEL), NAME first."""
+    return {stem: result for stem, result in results.items() if stem == name or stem.startswith(f"{name}-")}
 
 
 def table(results_dir: str | Path = RESULTS) -> str:
@@ -128,7 +136,8 @@ def headline(results_dir: str | Path = RESULTS) -> str:
     results = load(results_dir)
     lines = ["| benchmark | figure | grpo | baseline | ratio |", "|---|---|---|---|---|"]
     for name, count in HEADLINE.items():
-        lines += [_line([name, row["figure"], *_cells(row)]) for row in rows(name, results.get(name, {}))[:count]]
+        for stem, result in with_models(results, name).items():
+            lines += [_line([stem, row["figure"], *_cells(row)]) for row in rows(stem, result)[:count]]
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """Trainer update throughput: 2 FSDP ranks against one plain torch + peft process, on the same cores.
 
     python -m benchmarks.update [--quick] [--kind vl|text] [--preset bench] [--work runs/bench]
+    python -m benchmarks.update [--quick] --model smollm2-135m-instruct
 
 Measured in one run, on the same batch:
 - single: a plain loop (forward.expand/collate/token_logprobs, grpo.algo.loss, AdamW on the LoRA weights) in
@@ -15,8 +16,10 @@ Then packing_and_precision: packed rows against padded micro-batches on sequence
 against the trainer before issue 21 (`maze_train_time_ratio`: today's padded recipe over the old one, both at
 the old one's algorithm settings; `maze_packed_vs_baseline`), and the logprob computation's peak memory at a
 151k vocabulary (`logprob_peak_memory_ratio`, chunked over full logits).
+On a real model (--model: a name rollout.pretrained knows, a Hub id or a folder) the run is the first
+comparison and its MFU, on that model's own batch; the rest stays the bench model's.
 The last line printed is one JSON object, also written to benchmarks/results/update.json (update-quick.json
-with --quick) with the machine (benchmarks/_machine.py).
+with --quick; update-MODEL.json with --model) with the machine (benchmarks/_machine.py).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import random
 import time
 from pathlib import Path
 
-from benchmarks._machine import RESULTS, ROOT, machine_info, matmul_peak, peaks, write_result
+from benchmarks._machine import RESULTS, ROOT, bench_model, machine_info, matmul_peak, peaks, result_stem, write_result
 from benchmarks._update_side import BASELINE, BASELINE_ALGORITHM, contender, maze_recipe, race, skewed_batch
 from rollout import runtime
 
@@ -39,6 +42,12 @@ MODES = {
     # sequences per batch, tokens per sequence, micro-batch size, timed steps
     "quick": dict(sequences=8, length=384, micro_batch_size=4, steps=3),
     "full": dict(sequences=8, length=512, micro_batch_size=8, steps=3),
+}
+# On a real model (--model), one sequence a micro-batch: SmolLM2-135M's 30 layers at 4 x 384 tokens held 5.6 GB
+# in each of the three processes here, more than this machine has beside other work.
+MODEL_MODES = {
+    "quick": dict(sequences=4, length=256, micro_batch_size=1, steps=2),
+    "full": dict(sequences=8, length=512, micro_batch_size=1, steps=3),
 }
 LORA_RANK = 32
 
@@ -189,6 +198,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="a small batch and few steps (about 2 minutes)")
     ap.add_argument("--kind", choices=("vl", "text"), default="vl")
     ap.add_argument("--preset", default="bench", help="a grpo.tools.tiny_models preset")
+    ap.add_argument("--model", help="a real model instead of the preset: a name rollout.pretrained knows "
+                                    "(smollm2-135m-instruct), a Hub id or a folder; FSDP against the plain loop and "
+                                    "the MFU only")
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench"))
     ap.add_argument("--out", help="the result file (default: benchmarks/results/update.json; NAME-quick.json for "
                                   "a quick run)")
@@ -197,8 +209,10 @@ def main(argv=None) -> dict:
     from grpo.tools import tiny_models
 
     mode = "quick" if a.quick else "full"
-    cfg = MODES[mode]
-    model_path = str(tiny_models.build(a.kind, Path(a.work) / "models" / f"{a.kind}-{a.preset}", preset=a.preset))
+    cfg = (MODEL_MODES if a.model else MODES)[mode]
+    model = bench_model(a.model) if a.model else None
+    model_path = model.path if model else str(tiny_models.build(a.kind, Path(a.work) / "models" /
+                                                                f"{a.kind}-{a.preset}", preset=a.preset))
     batch, advantages = make_batch(forward.load_processor(model_path), cfg["sequences"], cfg["length"])
 
     ranks = FsdpRanks(model_path, cfg)
@@ -237,11 +251,11 @@ def main(argv=None) -> dict:
     fsdp_tps, single_tps = tokens / fsdp_s, tokens / single_s
     achieved = flops / fsdp_s
     params = sum(p.numel() for p in loop.model.parameters())
+    trained = {"trainable_params": sum(p.numel() for p in loop.params), "lora_rank": LORA_RANK, "dtype": "float32"}
     result = {
         "benchmark": "update", "quick": a.quick,
-        "model": {"kind": a.kind, "preset": a.preset, "params": params,
-                  "trainable_params": sum(p.numel() for p in loop.params), "lora_rank": LORA_RANK,
-                  "dtype": "float32"},
+        "model": {**model.record(), **trained} if model else {"kind": a.kind, "preset": a.preset, "params": params,
+                                                              **trained},
         "batch": {"sequences": cfg["sequences"], "tokens_per_sequence": cfg["length"], "tokens": tokens,
                   "micro_batch_size": cfg["micro_batch_size"], "timed_steps": cfg["steps"]},
         "fsdp_ranks": 2, "fsdp_step_s": round(fsdp_s, 4),
@@ -258,29 +272,31 @@ def main(argv=None) -> dict:
         "load_average": [round(load_before, 2), round(load_after, 2)],
     }
     result["headline"] = [
-        {"figure": f"update tokens/s, FSDP2 on 2 ranks (bench Qwen3-VL, {params / 1e6:.1f}M params, LoRA r{LORA_RANK})",
+        {"figure": f"update tokens/s, FSDP2 on 2 ranks "
+                   f"({model.label if model else f'bench Qwen3-VL, {params / 1e6:.1f}M params'}, LoRA r{LORA_RANK})",
          "value": result["fsdp_tokens_per_s"], "unit": "tokens/s", "baseline": result["single_tokens_per_s"],
          "baseline_name": "plain torch + peft loop", "ratio": result["ratio"]},
         {"figure": "update MFU (FSDP2 step vs fp32 matmul peak)", "value": result["mfu_vs_matmul_peak"],
          "baseline_name": f"peak {peak / 1e9:.0f} GFLOP/s"},
     ]
-    result.update(packing_and_precision(a.quick, model_path, Path(a.work)))
-    result["headline"] += [
-        {"figure": "update tokens/s, packed rows against padded micro-batches (sequences of 32-2048 tokens)",
-         "value": result["skewed"]["tokens_per_s"]["packed_beside_padded"], "unit": "tokens/s",
-         "baseline": result["skewed"]["tokens_per_s"]["padded"], "baseline_name": "padded, 8 a micro-batch",
-         "ratio": result["packed_vs_padded_skewed"]},
-        {"figure": f"maze step's update ({result['maze']['segments']} turns), seconds, against the trainer before "
-                   "issue 21, both with old logprobs from the trainer", "value": result["maze"]["step_s"]["padded"],
-         "unit": "s",
-         "baseline": result["maze"]["step_s"]["baseline_beside_padded"], "baseline_name": f"commit {BASELINE}",
-         "ratio": result["maze_train_time_ratio"]},
-        {"figure": "logprob computation's peak memory at a 151,936-entry vocabulary, chunked against full logits",
-         "value": result["logprob_memory"]["chunked_peak_mb"], "unit": "MB",
-         "baseline": result["logprob_memory"]["full_peak_mb"], "baseline_name": "full logits",
-         "ratio": result["logprob_peak_memory_ratio"]},
-    ]
-    out = Path(a.out or RESULTS / "update.json")
+    if not model:  # the packing, maze and memory comparisons are the bench model's
+        result.update(packing_and_precision(a.quick, model_path, Path(a.work)))
+        result["headline"] += [
+            {"figure": "update tokens/s, packed rows against padded micro-batches (sequences of 32-2048 tokens)",
+             "value": result["skewed"]["tokens_per_s"]["packed_beside_padded"], "unit": "tokens/s",
+             "baseline": result["skewed"]["tokens_per_s"]["padded"], "baseline_name": "padded, 8 a micro-batch",
+             "ratio": result["packed_vs_padded_skewed"]},
+            {"figure": f"maze step's update ({result['maze']['segments']} turns), seconds, against the trainer before "
+                       "issue 21, both with old logprobs from the trainer", "value": result["maze"]["step_s"]["padded"],
+             "unit": "s",
+             "baseline": result["maze"]["step_s"]["baseline_beside_padded"], "baseline_name": f"commit {BASELINE}",
+             "ratio": result["maze_train_time_ratio"]},
+            {"figure": "logprob computation's peak memory at a 151,936-entry vocabulary, chunked against full logits",
+             "value": result["logprob_memory"]["chunked_peak_mb"], "unit": "MB",
+             "baseline": result["logprob_memory"]["full_peak_mb"], "baseline_name": "full logits",
+             "ratio": result["logprob_peak_memory_ratio"]},
+        ]
+    out = Path(a.out or RESULTS / f"{result_stem('update', model)}.json")
     write_result(out.stem, result, machine, out.parent)
     print(json.dumps(result))
     return result

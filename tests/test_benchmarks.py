@@ -189,3 +189,73 @@ def test_vs_trl_leaves_a_side_that_stopped_early_out_of_the_medians():
     stopped.update(trl_faster_side="trl-hf", ratio_vs_trl=round(1.8 / 3.5, 3))
     size = vs_trl.summarize([_vs_trl_run(2.0, 4.0, 4.5), stopped])
     assert size["sides"]["trl-vllm"]["repeats"] == 1 and size["sides"]["trl-vllm"]["step_s_median"] == 4.5
+
+
+def _model_folder(path: Path, source: dict | None = None) -> Path:
+    """A model folder as bench_model reads it: config.json and weights of known shapes (12 + 4 x 6 = 36 params)."""
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    save_file({"embed.weight": torch.zeros(3, 4), "layer.weight": torch.zeros(4, 6)}, str(path / "model.safetensors"))
+    if source:
+        (path / "grpo_source.json").write_text(json.dumps(source))
+    return path
+
+
+def test_bench_model_names_the_result_file_and_counts_the_params(tmp_path, monkeypatch):
+    folder = _model_folder(tmp_path / "My Model_v2")
+    model = _machine.bench_model(str(folder))
+    assert (model.name, model.path, model.params) == ("my-model_v2", str(folder), 36)
+    assert model.label == "My Model_v2, 0.0M params"
+    assert model.record() == {"name": "my-model_v2", "label": model.label, "path": str(folder), "params": 36}
+    # A registry name is the file's name; its figures say the model it was made from.
+    monkeypatch.setenv("GRPO_MODELS_DIR", str(tmp_path / "models"))
+    _model_folder(tmp_path / "models" / "smollm2-135m-instruct", {"source": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+    smol = _machine.bench_model("smollm2-135m-instruct")
+    assert (smol.name, smol.label) == ("smollm2-135m-instruct", "SmolLM2-135M-Instruct, 0.0M params")
+    assert _machine.result_stem("rollout", None) == "rollout"
+    assert _machine.result_stem("rollout", smol) == "rollout-smollm2-135m-instruct"
+    stem = _machine.result_stem("rollout", smol)
+    for quick, name in ((True, f"{stem}-quick.json"), (False, f"{stem}.json")):
+        assert _machine.write_result(stem, {"quick": quick}, _machine_block(), tmp_path).name == name
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        _machine.safetensors_params(tmp_path)
+
+
+def test_real_model_rows_follow_the_bench_models_from_full_runs_only(tmp_path):
+    def write(stem, quick, figure, value):
+        (tmp_path / f"{stem}.json").write_text(json.dumps({
+            "quick": quick, "machine": _machine_block(),
+            "headline": [{"figure": figure, "value": value}, {"figure": f"{figure}, second", "value": 1}]}))
+
+    write("rollout-smollm2-135m-instruct", False, "rollout tokens/s, SmolLM2", 81.3)
+    write("rollout", False, "rollout tokens/s, tiny", 2967.0)
+    write("rollout-smollm2-135m-instruct-quick", True, "quick smoke", 5.0)
+    write("scaling", False, "scaling", 2.0)
+    write("update-smollm2-135m-instruct", False, "update tokens/s, SmolLM2", 900.0)
+    assert [line.split(" | ")[:2] for line in table.table(tmp_path).splitlines()[2:]] == [
+        ["| rollout", "rollout tokens/s, tiny"], ["| rollout", "rollout tokens/s, tiny, second"],
+        ["| rollout-smollm2-135m-instruct", "rollout tokens/s, SmolLM2"],
+        ["| rollout-smollm2-135m-instruct", "rollout tokens/s, SmolLM2, second"],
+        ["| scaling", "scaling"], ["| scaling", "scaling, second"],
+        ["| update-smollm2-135m-instruct", "update tokens/s, SmolLM2"],
+        ["| update-smollm2-135m-instruct", "update tokens/s, SmolLM2, second"]]
+    # The README's short table: each result's first row, the real model's beside its benchmark's.
+    assert table.headline(tmp_path).splitlines()[2:] == [
+        "| rollout | rollout tokens/s, tiny | 2967 |  |  |",
+        "| rollout-smollm2-135m-instruct | rollout tokens/s, SmolLM2 | 81.3 |  |  |",
+        "| update-smollm2-135m-instruct | update tokens/s, SmolLM2 | 900 |  |  |"]
+
+
+def test_rollout_on_a_text_model_runs_the_reasoning_examples_step():
+    from benchmarks import rollout_speed
+
+    full, quick = rollout_speed.reasoning(quick=False), rollout_speed.reasoning(quick=True)
+    # examples/reasoning/cpu.yaml: 8 tasks a step, groups of 8, temperature 0.8, replies up to 48 tokens.
+    assert (len(full.tasks), full.group, len(quick.tasks), quick.group) == (8, 8, 8, 4)
+    assert (full.config.temperature, full.config.max_tokens_per_turn, full.config.max_turns) == (0.8, 48, 1)
+    assert {t.env for t in full.tasks} == {"dataset"} and len({t.seed for t in full.tasks}) == 8
+    assert Path(full.tasks[0].options["data"]) == ROOT / "examples" / "reasoning" / "data.jsonl"
+    assert full.tasks[0].options["rewards"] == {"correct": "examples.reasoning.tasks:correct"}
