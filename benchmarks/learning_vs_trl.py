@@ -135,6 +135,13 @@ def protocol(config, steps: int, eval_every: int, trl_generate: str) -> dict:
                                   "trl_generate": trl_generate, "trl_packages": list(PACKAGES)}))
 
 
+def side_complete(side: dict, steps: int) -> bool:
+    """Whether one side's run (run_seed's result[side]) trained steps 1..steps in one attempt and exited cleanly.
+    A run its supervisor restarted after a fault reports its steps again from its last checkpoint (from step 1
+    when it had none): its curve would join two runs."""
+    return side.get("exit_code") == 0 and [s.get("step") for s in side["steps"]] == list(range(1, steps + 1))
+
+
 def finished(run: dict) -> bool:
     """Whether both sides of a seed's run (run_seed's result) trained every step."""
     return all((run.get(side) or {}).get("complete") for side in SIDES)
@@ -152,7 +159,12 @@ def saved_seed(folder: Path, seed: int, wanted: dict) -> dict | None:
         differ = sorted(k for k in set(theirs) | set(wanted) if theirs.get(k) != wanted.get(k))
         raise SystemExit(f"--resume: {path} ran under another protocol (differs in {', '.join(differ)}); delete "
                          f"{folder} to start afresh, or run without --resume")
-    return kept["run"]
+    run = kept["run"]
+    if not all(side_complete(run.get(side) or {"steps": []}, wanted["steps"]) for side in SIDES):
+        print(f"[learning_vs_trl] --resume: {path} has a side that failed or restarted: seed {seed} runs again",
+              file=sys.stderr, flush=True)
+        return None
+    return run
 
 
 def keep_seed(folder: Path, run: dict, wanted: dict) -> Path:
@@ -234,6 +246,11 @@ def run_seed(seed: int, sides: list[str], config_path: Path, model: Path, steps:
                 result[side]["exit_code"] = code
             for side, record in records.items():
                 result[side]["steps"].append({key: record[key] for key in STEP_KEYS if key in record})
+                if record.get("step") != k + 1:
+                    failed[side] = (f"reported step {record.get('step')} where step {k + 1} was due (a fault "
+                                    f"restarted it): {tail(work / f'{side}.log')}")
+                    print(f"[learning_vs_trl] seed {seed}: {side} {failed[side]}", file=sys.stderr, flush=True)
+                    result[side]["exit_code"] = started.pop(side).close(60)
             print(f"[learning_vs_trl] seed {seed} step {k + 1}, load {os.getloadavg()[0]:.1f}: " + ", ".join(
                 f"{s} {result[s]['steps'][-1]['step_s']:.1f} s, test "
                 f"{result[s]['steps'][-1].get('test_accuracy', float('nan')):.3f}" for s in started),
@@ -244,7 +261,7 @@ def run_seed(seed: int, sides: list[str], config_path: Path, model: Path, steps:
     for side in sides:
         if side in result:
             result[side]["curve"] = curve(result[side]["ready"], result[side]["steps"])
-            result[side]["complete"] = side not in failed and len(result[side]["steps"]) == steps
+            result[side]["complete"] = side not in failed and side_complete(result[side], steps)
     result["failed"] = failed
     if finished(result):
         result["ratio"] = seed_ratio(result["engine"]["curve"], result["trl"]["curve"])

@@ -75,11 +75,17 @@ def test_trl_batch_split_matches_the_engines_updates_and_micro_batches():
 def test_a_kept_seed_is_taken_under_its_protocol_and_refused_under_another(tmp_path):
     wanted = {"config": {"steps": 20, "lora": {"rank": 16}}, "steps": 20, "eval_every": 2, "trl_generate": "vllm",
               "trl_packages": ["trl==1.16.0"]}
-    run = {"seed": 1, "engine": {"curve": ENGINE, "complete": True}, "trl": {"curve": TRL, "complete": True}}
+    steps = [{"step": n} for n in range(1, 21)]
+    run = {"seed": 1, **{side: {"curve": curve, "steps": steps, "exit_code": 0, "complete": True}
+                         for side, curve in (("engine", ENGINE), ("trl", TRL))}}
     assert L.saved_seed(tmp_path, 1, wanted) is None
     path = L.keep_seed(tmp_path, run, wanted)
     assert path == tmp_path / "seed1.json" and not list(tmp_path.glob("*.tmp"))
     assert L.saved_seed(tmp_path, 1, wanted) == run
+    restarted = {**run, "engine": {**run["engine"], "exit_code": 1}}
+    L.keep_seed(tmp_path, restarted, wanted)
+    assert L.saved_seed(tmp_path, 1, wanted) is None  # kept before the check existed: it runs again
+    L.keep_seed(tmp_path, run, wanted)
     other = {**wanted, "eval_every": 4, "config": {"steps": 20, "lora": {"rank": 8}}}
     with pytest.raises(SystemExit, match=r"another protocol \(differs in config, eval_every\)"):
         L.saved_seed(tmp_path, 1, other)
@@ -90,3 +96,14 @@ def test_a_seed_counts_as_finished_only_when_both_sides_trained_every_step():
     assert L.finished(done)
     assert not L.finished({**done, "trl": {"complete": False}})
     assert not L.finished({"engine": {"complete": True}})  # TRL never started
+
+
+def test_a_side_is_complete_only_for_one_clean_attempt_over_every_step():
+    steps = [{"step": n, "step_s": 1.0} for n in (1, 2, 3)]
+    assert L.side_complete({"steps": steps, "exit_code": 0}, 3)
+    assert not L.side_complete({"steps": steps, "exit_code": 1}, 3)
+    assert not L.side_complete({"steps": steps[:2], "exit_code": 0}, 3)
+    # Seen on 2026-12-04: the supervisor restarted the engine from step 1 after the OOM killer took a worker at
+    # step 17 (no checkpoint yet), and the steps it then reported had been counted as steps 17 to 20.
+    restarted = [{"step": n} for n in (1, 2, 1)]
+    assert not L.side_complete({"steps": restarted, "exit_code": 0}, 3)
