@@ -5,6 +5,10 @@ with eval_before and eval_after.
     python -m examples.tools.run                  # native tool calls: the env's `look`, the model's format
     python -m examples.tools.run --agent openai   # the same task as an agent written with the openai client
     python -m examples.tools.run --steps 4        # extra arguments override examples/tools/cpu.yaml
+
+    python -m examples.tools.run --model smollm2-135m-instruct
+        # the real SmolLM2-135M-Instruct with our tool template on the calculator task (examples/tools/calc.py,
+        # smollm2.yaml); the last line has test_before, test_after, steps and wall_s
 """
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SHOWN = ("eval_before", "eval_after", "steps", "grpo_wall_s", "first_step_rollout_success",
          "last_step_rollout_success")
+PRETRAINED = "smollm2-135m-instruct"
+PRETRAINED_SHOWN = ("test_before", "test_after", "eval_before", "eval_after", "steps", "grpo_wall_s",
+                    "first_step_rollout_success", "last_step_rollout_success")
 
 
 def agent_env():
@@ -27,6 +34,24 @@ def agent_env():
     return functools.partial(AgentEnv, agent=look_agent, tasks=task)
 
 
+def pretrained(overrides: list[str]) -> dict:
+    """The calculator task on the real model: its folder with our tool template, examples/tools/smollm2.yaml."""
+    import envs
+    import grpo
+    from examples.tools.calc import CalcEnv
+    from examples.tools.templates import pretrained_with_tools
+
+    t0 = time.time()
+    envs.register("calc", CalcEnv, overwrite=True)
+    config = grpo.RunConfig.from_yaml(HERE / "smollm2.yaml", ["--model", str(pretrained_with_tools(PRETRAINED)),
+                                                               *overrides])
+    summary = grpo.Trainer(config).fit()
+    line = {"model": PRETRAINED, **{k: summary.get(k) for k in PRETRAINED_SHOWN}}
+    line["wall_s"] = round(time.time() - t0, 1)
+    print(json.dumps(line))
+    return summary
+
+
 def main(argv: list[str] | None = None) -> dict:
     import envs
     import grpo
@@ -34,6 +59,10 @@ def main(argv: list[str] | None = None) -> dict:
     from examples.tools.task import LookEnv
 
     overrides = list(sys.argv[1:] if argv is None else argv)
+    # `--model smollm2-135m-instruct` picks the calculator run; any other model trains on the look task.
+    for i, o in enumerate(overrides):
+        if o == f"--model={PRETRAINED}" or (o == "--model" and overrides[i + 1:i + 2] == [PRETRAINED]):
+            return pretrained(overrides[:i] + overrides[i + (1 if "=" in o else 2):])
     form = "native"
     if "--agent" in overrides:
         i = overrides.index("--agent")

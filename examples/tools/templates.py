@@ -10,6 +10,9 @@
 - Mistral-7B-Instruct-v0.3: `[AVAILABLE_TOOLS]` before the last user turn, calls after `[TOOL_CALLS]`,
   results in `[TOOL_RESULTS]`.
 
+And one that is not published: SMOLLM2, a tool branch of our own for the real SmolLM2-Instruct, whose
+template has none (`pretrained_with_tools` writes it into a folder of the pulled model).
+
     python -m examples.tools.templates --family qwen2.5 --out runs/models/qwen2.5-tools
 """
 from __future__ import annotations
@@ -37,6 +40,66 @@ QWEN2_5 = """{%- if tools %}
         {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
     {%- else %}
         {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- message.content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+# SmolLM2-Instruct's published template is plain ChatML with no tool branch: this one is ours. Without tools
+# it renders exactly as SmolLM2's (its own default system prompt when the conversation has none); with
+# tools it adds the Hermes form, written as QWEN2_5 writes it: the tools in the system turn inside
+# <tools></tools>, calls as `<tool_call>` JSON, results as `<tool_response>` in a user turn.
+SMOLLM2 = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are a helpful AI assistant named SmolLM, trained by Hugging Face' }}
+    {%- endif %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}
     {%- endif %}
 {%- endif %}
 {%- for message in messages %}
@@ -248,6 +311,34 @@ def build(family: str, out: str | Path, seed: int = 0) -> Path:
         tok.save_pretrained(tmp)
 
     return tiny_models.build_once(Path(out), stamp, make)
+
+
+def pretrained_with_tools(name: str = "smollm2-135m-instruct", out: str | Path | None = None) -> Path:
+    """The pulled pretrained model `name` (rollout/pretrained.py) with SMOLLM2, our tool branch, as its chat
+    template: a folder of links to its weights and config beside the re-saved tokenizer, reused while the
+    template is the same."""
+    from transformers import AutoTokenizer
+
+    from grpo.tools import tiny_models
+    from rollout import pretrained
+
+    if name != "smollm2-135m-instruct":
+        raise ValueError(f"no tool template for {name!r}: only smollm2-135m-instruct has one here (SMOLLM2)")
+    src = pretrained.resolve(name).resolve()
+    out = Path(out or f"runs/models/{name}-tools")
+    stamp = {"model": name, "source": str(src), "tool_template": hashlib.sha256(SMOLLM2.encode()).hexdigest()[:16]}
+
+    def make(tmp: Path) -> None:
+        tmp.mkdir(parents=True)
+        # The weights are linked, not copied (270 MB): only the tokenizer's template differs.
+        for f in src.iterdir():
+            if f.suffix == ".safetensors" or f.name in ("config.json", "generation_config.json", pretrained.SOURCE_FILE):
+                (tmp / f.name).symlink_to(f)
+        tok = AutoTokenizer.from_pretrained(src)
+        tok.chat_template = SMOLLM2
+        tok.save_pretrained(tmp)
+
+    return tiny_models.build_once(out, stamp, make)
 
 
 def main(argv: list[str] | None = None) -> None:
