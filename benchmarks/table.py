@@ -191,9 +191,39 @@ def pipeline(results_dir: str | Path = RESULTS) -> str:
     return "\n".join(lines)
 
 
+def _accuracy_cell(curve: list[dict] | None) -> str:
+    """A side's test accuracy before -> after and its own seconds at the end, from its curve."""
+    if not curve:
+        return "did not finish"
+    return f"{curve[0]['test_accuracy']:.1%} -> {curve[-1]['test_accuracy']:.1%} in {number(curve[-1]['wall_s'])} s"
+
+
+def learning(results_dir: str | Path = RESULTS) -> str:
+    """benchmarks/learning_vs_trl.py: each seed's two curves' end points and ratio, then the medians."""
+    result = load(results_dir).get("learning_vs_trl")
+    if result is None:
+        return "No full run of `python -m benchmarks.learning_vs_trl` is in the results yet."
+    lines = ["| seed | machine | engine test (before -> after in its own s) | TRL test | engine reaches TRL's final "
+             "at | ratio |", "|---|---|---|---|---|---|"]
+    for run in result["runs"]:
+        where = result["seed_machines"].get(str(run["seed"])) or {}
+        machine = f"{where.get('cpu', '?')}, {where.get('cores', '?')} cores, {where.get('date', '?')[:10]}"
+        ratio = run.get("ratio") or {}
+        reach = ratio.get("engine_reach_s")
+        lines.append(_line([run["seed"], machine, _accuracy_cell((run.get("engine") or {}).get("curve")),
+                            _accuracy_cell((run.get("trl") or {}).get("curve")),
+                            f"{number(reach)} s" if reach is not None else ratio.get("reason") or "",
+                            number(ratio["ratio"]) if ratio.get("ratio") is not None else "none"]))
+    median = result["time_to_trl_final_ratio"]
+    lines.append(_line(["median", "", f"{result['test_before_engine']:.1%} -> {result['test_after_engine']:.1%}",
+                        f"{result['test_before_trl']:.1%} -> {result['test_after_trl']:.1%}", "",
+                        number(median) if median is not None else result["time_to_trl_final_ratio_reason"]]))
+    return "\n".join(lines)
+
+
 # Each generated block: its marker name and what writes it.
 BLOCKS = {"bench-table": table, "bench-headline": headline, "bench-step": step, "bench-vs-trl": vs_trl,
-          "bench-generate": generate_vs_hf, "bench-pipeline": pipeline}
+          "bench-generate": generate_vs_hf, "bench-pipeline": pipeline, "bench-learning": learning}
 
 
 def regenerate(text: str, results_dir: str | Path = RESULTS, doc: str = "the doc") -> str:

@@ -259,3 +259,24 @@ def test_rollout_on_a_text_model_runs_the_reasoning_examples_step():
     assert {t.env for t in full.tasks} == {"dataset"} and len({t.seed for t in full.tasks}) == 8
     assert Path(full.tasks[0].options["data"]) == ROOT / "examples" / "reasoning" / "data.jsonl"
     assert full.tasks[0].options["rewards"] == {"correct": "examples.reasoning.tasks:correct"}
+
+
+def test_learning_block_gives_each_seeds_end_points_and_the_medians(tmp_path):
+    def curve(points):
+        return [{"wall_s": w, "test_accuracy": a} for w, a in points]
+
+    engine = curve([(50, 0.2), (300, 0.65), (700, 0.7)])
+    trl = curve([(30, 0.2), (2000, 0.64)])
+    runs = [{"seed": 0, "engine": {"curve": engine}, "trl": {"curve": trl},
+             "ratio": {"engine_reach_s": 300, "ratio": 0.15, "reason": None}},
+            {"seed": 1, "engine": None, "trl": {"curve": trl}, "failed": {"engine": "killed"}}]
+    (tmp_path / "learning_vs_trl.json").write_text(json.dumps({
+        "quick": False, "runs": runs, "seed_machines": {"0": {"cpu": "EPYC Y", "cores": 2, "date": "2026-12-04T18"}},
+        "time_to_trl_final_ratio": 0.15, "time_to_trl_final_ratio_reason": None, "test_before_engine": 0.2,
+        "test_after_engine": 0.7, "test_before_trl": 0.2, "test_after_trl": 0.64}))
+    assert table.learning(tmp_path).splitlines()[2:] == [
+        "| 0 | EPYC Y, 2 cores, 2026-12-04 | 20.0% -> 70.0% in 700 s | 20.0% -> 64.0% in 2000 s | 300 s | 0.150 |",
+        "| 1 | ?, ? cores, ? | did not finish | 20.0% -> 64.0% in 2000 s |  | none |",
+        "| median |  | 20.0% -> 70.0% | 20.0% -> 64.0% |  | 0.150 |"]
+    (tmp_path / "learning_vs_trl.json").unlink()
+    assert "No full run" in table.learning(tmp_path)
