@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
-DOCS = (README, ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "pipeline.md")
+DOCS = (README, ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "pipeline.md", ROOT / "docs" / "algorithms.md")
 FIX = "python -m benchmarks.table --write"
 BEGIN, END = "<!-- bench-table -->", "<!-- /bench-table -->"
 HEADER = ("| benchmark | figure | value | baseline | ratio | machine | date |\n"
@@ -221,9 +221,37 @@ def learning(results_dir: str | Path = RESULTS) -> str:
     return "\n".join(lines)
 
 
+def _objective_cells(cell: dict, seeds: int) -> list[str]:
+    if "refused" in cell:
+        return ["refused by the config", "", ""]
+    if not cell["complete"]:
+        return [f"{len(cell['seeds'])} of {seeds} seeds run", "", ""]
+    low, high = cell["test_after_range"]
+    gain_low, gain_high = cell["gain_range"]
+    return [f"{cell['test_after_mean']:.1%} ({low:.1%}-{high:.1%})",
+            f"{cell['gain_mean']:+.1%} ({gain_low:+.1%} to {gain_high:+.1%})", number(cell["wall_s_mean"])]
+
+
+def objectives(results_dir: str | Path = RESULTS) -> str:
+    """benchmarks/objectives.py: per arm and task, the test accuracy after training and its gain over before
+    (mean and range over the seeds), and the mean wall time; then the machines the runs had."""
+    result = load(results_dir).get("objectives")
+    if result is None:
+        return "No run of `python -m benchmarks.objectives` is in the results yet."
+    tasks, seeds = list(result["tasks"]), len(result["seeds"])
+    head = ["arm"] + [f"{t}: {what}" for t in tasks for what in ("test after", "gain", "wall s")]
+    lines = [_line(head), "|" + "---|" * len(head)]
+    for arm in result["arms"]:
+        lines.append(_line([arm] + [c for t in tasks for c in _objective_cells(result["cells"][f"{t}/{arm}"], seeds)]))
+    machines = sorted({f"{r['cpu']} ({r['date'][:10]})" for r in result["runs"] if "cpu" in r})
+    lines += ["", f"Runs kept: {len(result['runs'])}, on {', '.join(machines) or 'no machine yet'}."]
+    return "\n".join(lines)
+
+
 # Each generated block: its marker name and what writes it.
 BLOCKS = {"bench-table": table, "bench-headline": headline, "bench-step": step, "bench-vs-trl": vs_trl,
-          "bench-generate": generate_vs_hf, "bench-pipeline": pipeline, "bench-learning": learning}
+          "bench-generate": generate_vs_hf, "bench-pipeline": pipeline, "bench-learning": learning,
+          "bench-objectives": objectives}
 
 
 def regenerate(text: str, results_dir: str | Path = RESULTS, doc: str = "the doc") -> str:
