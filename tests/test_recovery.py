@@ -154,6 +154,18 @@ def test_past_the_restart_limit_the_run_stops_with_the_last_cause(tmp_path, tiny
         trainer._recover(ActorFault("rollout-0", "ActorDiedError during rollout: The actor died."))
 
 
+def test_a_restart_says_whether_a_checkpoint_is_there_to_resume_from(tmp_path, tiny_vl, capsys):
+    """Seen on 2026-12-04: a run without a checkpoint restarted from step 1 while its line said "from the last
+    checkpoint"."""
+    from grpo.driver.trainer import Trainer
+
+    trainer = Trainer(_config(tiny_vl, tmp_path / "run", steps=2, fault={"max_restarts": 1}))
+    trainer.restarts, trainer._step, trainer._recovery = 0, 2, None
+    trainer._recover(ActorFault("rollout-0", "OutOfMemoryError during rollout: a worker was killed."))
+    assert ("rollout-0 failed in step 2: OutOfMemoryError during rollout: a worker was killed; restart 1 of 1: "
+            "new actors, no checkpoint yet, starting again from step 1") in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_lost_rollout_node_is_replaced_and_the_run_finishes(tmp_path, tiny_vl, monkeypatch):

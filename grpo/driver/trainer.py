@@ -324,12 +324,13 @@ class Trainer:
         self.restarts += 1
         limit = self.config.fault.max_restarts
         why = f"{fault.actor} failed in step {self._step}: {fault.cause.rstrip('.')}"
+        kept = session.checkpoint_phrase(self.run_dir)
         if self.restarts > limit:
-            kept = session.checkpoint_phrase(self.run_dir)
             raise RunFailedError(f"{why}. The run has used all {limit} restarts (fault.max_restarts); {kept}; run "
                                  "the same command to resume") from fault
-        print(f"[grpo] {why}; restart {self.restarts} of {limit}: new actors from the last checkpoint",
-              file=sys.stderr, flush=True)
+        again = "starting again from step 1" if kept == "no checkpoint yet" else "resuming from it"
+        print(f"[grpo] {why}; restart {self.restarts} of {limit}: new actors, {kept}, {again}", file=sys.stderr,
+              flush=True)
         self._close_actors()
         self._recovery = {"event": "restart", "step": self._step, "cause": fault.cause, "actor": fault.actor,
                           "detect_s": round(fault.waited_s, 2), "resumed_step": None, "t0": t0}
