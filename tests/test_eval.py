@@ -29,6 +29,20 @@ def test_eval_summary_by_hand_with_pass_at_k():
     assert "pass_at_1" not in eval_summary(trajs, stats)
 
 
+def test_eval_summary_counts_the_episodes_that_called_a_tool_and_had_one_answered():
+    calls = [(0, {}), (2, {"bad_arguments": 2}), (2, {"bad_arguments": 1}), (1, {})]
+    trajs = [Trajectory(task_id=f"calc:{i}", group_id=i, seed=i, segments=[], turn_rewards=[0.0], num_turns=1,
+                        stop_reason="done", adapter_version=0, success=False, tool_calls=n, tool_errors=errors)
+             for i, (n, errors) in enumerate(calls)]
+    stats = RolloutStats(episodes=4, turns=4, generated_tokens=0, prompt_tokens=0, engine_calls=1, wall_s=1.0,
+                         engine_s=1.0, success_rate=0.0, mean_reward=0.0, mean_turns=1.0, parse_errors=0,
+                         stop_reasons={"done": 4}, tool_calls=5, tool_errors={"bad_arguments": 3})
+    out = eval_summary(trajs, stats)
+    # Called: episodes 1, 2, 3; answered (a call without an error): 2 and 3.
+    assert (out["tool_calls"], out["episodes_calling"], out["episodes_with_a_call_answered"]) == (5, 0.75, 0.5)
+    assert "tool_calls" not in eval_summary(trajs, RolloutStats(**{**stats.__dict__, "tool_calls": None}))
+
+
 def test_resolve_names_what_it_needs(tmp_path, tiny_vl):
     with pytest.raises(FileNotFoundError, match="neither a run folder"):
         resolve(str(tmp_path))

@@ -15,8 +15,9 @@ from pathlib import Path
 
 
 def eval_summary(trajs, stats, samples: int = 1) -> dict:
-    """The figures of an eval (the trainer's evals and this command's): success over episodes, and with
-    `samples` episodes a seed, pass@k (the share of seeds with at least one success)."""
+    """The figures of an eval (the trainer's evals and this command's): success over episodes, with
+    `samples` episodes a seed pass@k (the share of seeds with at least one success), and with an env's tools
+    the share of episodes that called one and that had a call the tool answered without an error."""
     from grpo.report.samples import reward_components
 
     out = {"success_rate": stats.success_rate, "mean_reward": stats.mean_reward, "mean_turns": stats.mean_turns,
@@ -25,6 +26,11 @@ def eval_summary(trajs, stats, samples: int = 1) -> dict:
     rewards = reward_components(trajs)
     if rewards:
         out["rewards"] = rewards
+    if stats.tool_calls is not None and trajs:
+        out["tool_calls"] = stats.tool_calls
+        out["episodes_calling"] = sum(t.tool_calls > 0 for t in trajs) / len(trajs)
+        out["episodes_with_a_call_answered"] = (sum(t.tool_calls > sum(t.tool_errors.values()) for t in trajs)
+                                                / len(trajs))
     if samples > 1:
         seeds = {t.seed for t in trajs}
         out["samples"] = samples
