@@ -205,6 +205,30 @@ def write_result(name: str, result: dict, machine: dict | None = None, results_d
     return path
 
 
+def keep_run(path: Path, wanted: dict, run: dict) -> Path:
+    """Write one finished part of a long benchmark (a seed, an arm's run) with the protocol it ran under and
+    its machine, to a temporary name first: a kill leaves no torn file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"protocol": wanted, "machine": machine_info(peak=False), "run": run}, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def kept_run(path: Path, wanted: dict, fix: str) -> dict | None:
+    """What keep_run wrote at `path` ("protocol", "machine", "run") when it ran under `wanted`; None when nothing
+    is kept there. One kept under another protocol is refused, naming the fields that differ and `fix`: pooling
+    it would mix two different benchmarks."""
+    if not path.exists():
+        return None
+    kept = json.loads(path.read_text())
+    if kept.get("protocol") != wanted:
+        theirs = kept.get("protocol") or {}
+        differ = sorted(k for k in set(theirs) | set(wanted) if theirs.get(k) != wanted.get(k))
+        raise SystemExit(f"{path} ran under another protocol (differs in {', '.join(differ)}); {fix}")
+    return kept
+
+
 def fresh_run_dir(path: str | Path) -> Path:
     """An empty run folder: a training run resumes from a checkpoint it finds, so a benchmark that timed
     steps in a folder left by an earlier run would time none (or fewer) of them."""

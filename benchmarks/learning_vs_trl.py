@@ -148,17 +148,14 @@ def finished(run: dict) -> bool:
 
 
 def saved_seed(folder: Path, seed: int, wanted: dict) -> dict | None:
-    """The run of `seed` kept in `folder` under the protocol `wanted`; None when there is none. A seed kept under
-    another protocol is refused: pooling it would mix two different benchmarks."""
+    """The run of `seed` kept in `folder` under the protocol `wanted`; None when there is none, or when a side
+    of it failed or restarted (it runs again). A seed kept under another protocol is refused."""
+    from benchmarks._machine import kept_run
+
     path = folder / f"seed{seed}.json"
-    if not path.exists():
+    kept = kept_run(path, wanted, f"delete {folder} to start afresh, or run without --resume")
+    if kept is None:
         return None
-    kept = json.loads(path.read_text())
-    if kept.get("protocol") != wanted:
-        theirs = kept.get("protocol") or {}
-        differ = sorted(k for k in set(theirs) | set(wanted) if theirs.get(k) != wanted.get(k))
-        raise SystemExit(f"--resume: {path} ran under another protocol (differs in {', '.join(differ)}); delete "
-                         f"{folder} to start afresh, or run without --resume")
     run = kept["run"]
     if not all(side_complete(run.get(side) or {"steps": []}, wanted["steps"]) for side in SIDES):
         print(f"[learning_vs_trl] --resume: {path} has a side that failed or restarted: seed {seed} runs again",
@@ -168,16 +165,9 @@ def saved_seed(folder: Path, seed: int, wanted: dict) -> dict | None:
 
 
 def keep_seed(folder: Path, run: dict, wanted: dict) -> Path:
-    """Write a finished seed's run with its protocol and machine (to a temporary name first: a kill leaves no
-    torn file)."""
-    from benchmarks._machine import machine_info
+    from benchmarks._machine import keep_run
 
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"seed{run['seed']}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"protocol": wanted, "machine": machine_info(peak=False), "run": run}, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    return keep_run(folder / f"seed{run['seed']}.json", wanted, run)
 
 
 def run_config(path: Path, overrides: list[str]):

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks._machine import RESULTS, ROOT, fresh_run_dir, write_result
+from benchmarks._machine import RESULTS, ROOT, fresh_run_dir, keep_run, kept_run, write_result
 
 RUNS_DIR = RESULTS / "objectives-runs"
 SEEDS = (0, 1, 2)
@@ -88,18 +88,10 @@ def protocol(task: str, arm: str, seed: int) -> dict:
             "config": TASKS[task], "config_sha256": hashlib.sha256(config).hexdigest()}
 
 
-def kept_run(folder: Path, name: str, wanted: dict) -> dict | None:
-    """The run kept as folder/NAME.json under `wanted`; None when there is none. One of another protocol is
-    refused: pooling it would mix two different ablations."""
-    path = folder / f"{name}.json"
-    if not path.exists():
-        return None
-    kept = json.loads(path.read_text())
-    if kept["protocol"] != wanted:
-        differ = sorted(k for k in set(kept["protocol"]) | set(wanted) if kept["protocol"].get(k) != wanted.get(k))
-        raise SystemExit(f"{path} ran under another protocol (differs in {', '.join(differ)}): delete it to run "
-                         "it again under this one")
-    return kept
+def kept(folder: Path, name: str, wanted: dict) -> dict | None:
+    """The run kept as folder/NAME.json under `wanted` (protocol, machine, run); None when there is none. One of
+    another protocol is refused."""
+    return kept_run(folder / f"{name}.json", wanted, "delete it to run it again under this one")
 
 
 def last_json(text: str) -> dict | None:
@@ -158,26 +150,20 @@ def summarize(runs: list[dict], refused: dict[str, str], seeds=SEEDS) -> dict:
                             wall_s_mean=round(statistics.mean(r["wall_s"] for r in mine), 1))
             cells[f"{task}/{arm}"] = cell
     return cells
-def keep(folder: Path, run: dict, wanted: dict) -> Path:
-    """Write a finished run with its protocol and machine (a temporary name first: a kill leaves no torn file)."""
-    from benchmarks._machine import machine_info
 
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{run_name(run['task'], run['arm'], run['seed'])}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"protocol": wanted, "machine": machine_info(peak=False), "run": run}, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+
+def keep(folder: Path, run: dict, wanted: dict) -> Path:
+    return keep_run(folder / f"{run_name(run['task'], run['arm'], run['seed'])}.json", wanted, run)
 
 
 def kept_runs(folder: Path) -> list[dict]:
-    """Every run kept in `folder` under today's protocol for it (a stale one is refused, as kept_run says)."""
+    """Every run kept in `folder` under today's protocol for it (one of another protocol is refused)."""
     out = []
     for path in sorted(folder.glob("*.json")):
         p = json.loads(path.read_text())["protocol"]
         if p["task"] in TASKS and p["arm"] in ARMS:
-            kept = kept_run(folder, path.stem, protocol(p["task"], p["arm"], p["seed"]))
-            out.append({**kept["run"], "cpu": kept["machine"]["cpu"]["model"], "date": kept["machine"]["date"]})
+            mine = kept(folder, path.stem, protocol(p["task"], p["arm"], p["seed"]))
+            out.append({**mine["run"], "cpu": mine["machine"]["cpu"]["model"], "date": mine["machine"]["date"]})
     return out
 
 
@@ -214,8 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs = []
     for k, (task, arm, seed) in enumerate(plan, 1):
         wanted = protocol(task, arm, seed)
-        kept = None if quick else kept_run(RUNS_DIR, run_name(task, arm, seed), wanted)
-        if kept:
+        if not quick and kept(RUNS_DIR, run_name(task, arm, seed), wanted):
             print(f"[objectives] {k} of {len(plan)}: {run_name(task, arm, seed)} kept from an earlier run",
                   file=sys.stderr, flush=True)
             continue

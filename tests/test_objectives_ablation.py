@@ -34,12 +34,12 @@ def test_a_kept_run_is_taken_under_its_protocol_and_refused_under_another(tmp_pa
     wanted = O.protocol("reasoning", "cispo", 1)
     assert wanted["overrides"] == ["--algorithm.loss_type=cispo", "--seed", "1", "--train.seed", "1"]
     run = _run("reasoning", "cispo", 1, 0.2, 0.6, 500)
-    assert O.kept_run(tmp_path, "reasoning-cispo-seed1", wanted) is None
+    assert O.kept(tmp_path, "reasoning-cispo-seed1", wanted) is None
     O.keep(tmp_path, run, wanted)
     assert not list(tmp_path.glob("*.tmp"))
-    assert O.kept_run(tmp_path, "reasoning-cispo-seed1", wanted)["run"] == run
+    assert O.kept(tmp_path, "reasoning-cispo-seed1", wanted)["run"] == run
     with pytest.raises(SystemExit, match="another protocol \\(differs in config_sha256\\)"):
-        O.kept_run(tmp_path, "reasoning-cispo-seed1", {**wanted, "config_sha256": "0"})
+        O.kept(tmp_path, "reasoning-cispo-seed1", {**wanted, "config_sha256": "0"})
 
 
 def test_only_a_clean_run_with_both_test_figures_is_kept():
