@@ -248,10 +248,32 @@ def objectives(results_dir: str | Path = RESULTS) -> str:
     return "\n".join(lines)
 
 
+def learning_headline(results_dir: str | Path = RESULTS) -> str:
+    """benchmarks/learning_vs_trl.py in one sentence: the medians over the seeds and the ratio."""
+    result = load(results_dir).get("learning_vs_trl")
+    if result is None:
+        return "No full run of `python -m benchmarks.learning_vs_trl` is in the results yet."
+    median = result["time_to_trl_final_ratio"]
+    per_seed = ", ".join("never" if (r := (run.get("ratio") or {}).get("ratio")) is None else number(r)
+                         for run in result["runs"])
+    if median is None:
+        reach = f"no median time to TRL's final accuracy: {result['time_to_trl_final_ratio_reason']}"
+    else:
+        reach = (f"the engine first reached TRL's final test accuracy in {number(median)} of TRL's wall time (the "
+                 f"median; per seed {per_seed})")
+    machines = result["seed_machines"].values()
+    return (f"Against TRL's `GRPOTrainer` on the same model, task and settings, {len(result['runs'])} seeds a side "
+            f"taking turns step by step: median test accuracy after {result['steps']} steps "
+            f"{result['test_after_engine']:.1%} for the engine and {result['test_after_trl']:.1%} for TRL (from "
+            f"{result['test_before_engine']:.1%} and {result['test_before_trl']:.1%}); {reach}. Measured "
+            f"{', '.join(sorted({m['date'][:10] for m in machines}))} on a "
+            f"{', '.join(sorted({str(m['cores']) + '-core ' + m['cpu'] for m in machines}))}.")
+
+
 # Each generated block: its marker name and what writes it.
 BLOCKS = {"bench-table": table, "bench-headline": headline, "bench-step": step, "bench-vs-trl": vs_trl,
           "bench-generate": generate_vs_hf, "bench-pipeline": pipeline, "bench-learning": learning,
-          "bench-objectives": objectives}
+          "bench-objectives": objectives, "bench-learning-headline": learning_headline}
 
 
 def regenerate(text: str, results_dir: str | Path = RESULTS, doc: str = "the doc") -> str:

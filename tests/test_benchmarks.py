@@ -280,3 +280,19 @@ def test_learning_block_gives_each_seeds_end_points_and_the_medians(tmp_path):
         "| median |  | 20.0% -> 70.0% | 20.0% -> 64.0% |  | 0.150 |"]
     (tmp_path / "learning_vs_trl.json").unlink()
     assert "No full run" in table.learning(tmp_path)
+
+
+def test_learning_headline_gives_the_medians_and_each_seeds_ratio(tmp_path):
+    runs = [{"seed": 0, "ratio": {"ratio": 0.148}}, {"seed": 1, "ratio": {"ratio": None}},
+            {"seed": 2, "ratio": {"ratio": 0.4}}]
+    result = {"quick": False, "runs": runs, "steps": 20, "time_to_trl_final_ratio": 0.4,
+              "time_to_trl_final_ratio_reason": None, "test_before_engine": 0.195, "test_after_engine": 0.6,
+              "test_before_trl": 0.195, "test_after_trl": 0.62,
+              "seed_machines": {str(s): {"cpu": "EPYC Y", "cores": 2, "date": f"2026-12-0{4 + s // 2}T1"}
+                                for s in range(3)}}
+    (tmp_path / "learning_vs_trl.json").write_text(json.dumps(result))
+    assert table.learning_headline(tmp_path) == (
+        "Against TRL's `GRPOTrainer` on the same model, task and settings, 3 seeds a side taking turns step by step: "
+        "median test accuracy after 20 steps 60.0% for the engine and 62.0% for TRL (from 19.5% and 19.5%); the "
+        "engine first reached TRL's final test accuracy in 0.400 of TRL's wall time (the median; per seed 0.148, "
+        "never, 0.400). Measured 2026-12-04, 2026-12-05 on a 2-core EPYC Y.")
