@@ -264,8 +264,10 @@ def summarize(runs: list[dict]) -> dict:
     ratio = median_ratio([r["ratio"] for r in done])
     out = {"time_to_trl_final_ratio": ratio["value"], "time_to_trl_final_ratio_reason": ratio["reason"],
            "time_to_trl_final_ratio_runs": [r["ratio"]["ratio"] for r in done]}
+    out["seeds_finished"] = [r["seed"] for r in runs if finished(r)]
     for side in SIDES:
-        curves = [r[side]["curve"] for r in runs if (r.get(side) or {}).get("complete")]
+        # Both sides' medians over the same seeds: a seed one side did not finish says nothing of the other's.
+        curves = [r[side]["curve"] for r in runs if finished(r)]
         out[f"test_before_{side}"] = median_over_seeds([c[0]["test_accuracy"] for c in curves])
         out[f"test_after_{side}"] = median_over_seeds([c[-1]["test_accuracy"] for c in curves])
         out[f"wall_s_{side}"] = median_over_seeds([c[-1]["wall_s"] for c in curves])

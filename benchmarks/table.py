@@ -191,10 +191,13 @@ def pipeline(results_dir: str | Path = RESULTS) -> str:
     return "\n".join(lines)
 
 
-def _accuracy_cell(curve: list[dict] | None) -> str:
-    """A side's test accuracy before -> after and its own seconds at the end, from its curve."""
-    if not curve:
-        return "did not finish"
+def _accuracy_cell(side: dict | None) -> str:
+    """A side's test accuracy before -> after and its own seconds at the end; or how far it got."""
+    if not side or not side.get("complete"):
+        numbers = [st.get("step") for st in (side or {}).get("steps", [])]
+        done = next((k for k, n in enumerate(numbers) if n != k + 1), len(numbers))  # a restart counts again from 1
+        return f"did not finish (steps 1-{done} done)" if done else "did not finish"
+    curve = side["curve"]
     return f"{curve[0]['test_accuracy']:.1%} -> {curve[-1]['test_accuracy']:.1%} in {number(curve[-1]['wall_s'])} s"
 
 
@@ -206,16 +209,25 @@ def learning(results_dir: str | Path = RESULTS) -> str:
     lines = ["| seed | machine | engine test (before -> after in its own s) | TRL test | engine reaches TRL's final "
              "at | ratio |", "|---|---|---|---|---|---|"]
     for run in result["runs"]:
-        where = result["seed_machines"].get(str(run["seed"])) or {}
+        # A seed that was not kept ran on the machine of the run that wrote the result.
+        here = result.get("machine") or {}
+        where = result["seed_machines"].get(str(run["seed"])) or {
+            "cpu": here.get("cpu", {}).get("model", "?"), "cores": here.get("cpu", {}).get("cores", "?"),
+            "date": here.get("date", "?")}
         machine = f"{where.get('cpu', '?')}, {where.get('cores', '?')} cores, {where.get('date', '?')[:10]}"
         ratio = run.get("ratio") or {}
         reach = ratio.get("engine_reach_s")
-        lines.append(_line([run["seed"], machine, _accuracy_cell((run.get("engine") or {}).get("curve")),
-                            _accuracy_cell((run.get("trl") or {}).get("curve")),
-                            f"{number(reach)} s" if reach is not None else ratio.get("reason") or "",
-                            number(ratio["ratio"]) if ratio.get("ratio") is not None else "none"]))
+        if not ratio:
+            compared = ["not compared: a side did not finish", ""]
+        else:
+            compared = [f"{number(reach)} s" if reach is not None else ratio["reason"],
+                        number(ratio["ratio"]) if ratio["ratio"] is not None else "none"]
+        lines.append(_line([run["seed"], machine, _accuracy_cell(run.get("engine")), _accuracy_cell(run.get("trl")),
+                            *compared]))
     median = result["time_to_trl_final_ratio"]
-    lines.append(_line(["median", "", f"{result['test_before_engine']:.1%} -> {result['test_after_engine']:.1%}",
+    over = ", ".join(map(str, result["seeds_finished"]))
+    lines.append(_line([f"median over seeds {over}", "",
+                        f"{result['test_before_engine']:.1%} -> {result['test_after_engine']:.1%}",
                         f"{result['test_before_trl']:.1%} -> {result['test_after_trl']:.1%}", "",
                         number(median) if median is not None else result["time_to_trl_final_ratio_reason"]]))
     return "\n".join(lines)
@@ -254,20 +266,22 @@ def learning_headline(results_dir: str | Path = RESULTS) -> str:
     if result is None:
         return "No full run of `python -m benchmarks.learning_vs_trl` is in the results yet."
     median = result["time_to_trl_final_ratio"]
-    per_seed = ", ".join("never" if (r := (run.get("ratio") or {}).get("ratio")) is None else number(r)
+    per_seed = ", ".join("not compared" if "ratio" not in run else
+                         "never" if run["ratio"]["ratio"] is None else number(run["ratio"]["ratio"])
                          for run in result["runs"])
     if median is None:
         reach = f"no median time to TRL's final accuracy: {result['time_to_trl_final_ratio_reason']}"
     else:
-        reach = (f"the engine first reached TRL's final test accuracy in {number(median)} of TRL's wall time (the "
-                 f"median; per seed {per_seed})")
+        reach = f"the engine reached TRL's final accuracy in {number(median)} of TRL's wall time ({per_seed})"
     machines = result["seed_machines"].values()
-    return (f"Against TRL's `GRPOTrainer` on the same model, task and settings, {len(result['runs'])} seeds a side "
-            f"taking turns step by step: median test accuracy after {result['steps']} steps "
-            f"{result['test_after_engine']:.1%} for the engine and {result['test_after_trl']:.1%} for TRL (from "
-            f"{result['test_before_engine']:.1%} and {result['test_before_trl']:.1%}); {reach}. Measured "
-            f"{', '.join(sorted({m['date'][:10] for m in machines}))} on a "
-            f"{', '.join(sorted({str(m['cores']) + '-core ' + m['cpu'] for m in machines}))}.")
+    finished, runs = len(result["seeds_finished"]), len(result["runs"])
+    seeds = f"{finished} seeds" if finished == runs else f"{finished} of {runs} seeds finished both sides"
+    machines = result["seed_machines"].values()
+    return (f"Against TRL's `GRPOTrainer`, same model, task and settings ({seeds}): test accuracy "
+            f"{result['test_before_engine']:.1%} -> {result['test_after_engine']:.1%} (engine), "
+            f"{result['test_before_trl']:.1%} -> {result['test_after_trl']:.1%} (TRL) after {result['steps']} steps; "
+            f"{reach}. {', '.join(sorted({str(m['cores']) + '-core ' + m['cpu'] for m in machines}))}, "
+            f"{', '.join(sorted({m['date'][:10] for m in machines}))}.")
 
 
 # Each generated block: its marker name and what writes it.

@@ -267,32 +267,34 @@ def test_learning_block_gives_each_seeds_end_points_and_the_medians(tmp_path):
 
     engine = curve([(50, 0.2), (300, 0.65), (700, 0.7)])
     trl = curve([(30, 0.2), (2000, 0.64)])
-    runs = [{"seed": 0, "engine": {"curve": engine}, "trl": {"curve": trl},
+    runs = [{"seed": 0, "engine": {"curve": engine, "complete": True}, "trl": {"curve": trl, "complete": True},
              "ratio": {"engine_reach_s": 300, "ratio": 0.15, "reason": None}},
-            {"seed": 1, "engine": None, "trl": {"curve": trl}, "failed": {"engine": "killed"}}]
+            {"seed": 1, "engine": {"curve": engine[:2], "steps": [{"step": n} for n in (1, 2, 1)], "complete": False},
+             "trl": {"curve": trl, "complete": True}, "failed": {"engine": "killed"}}]
     (tmp_path / "learning_vs_trl.json").write_text(json.dumps({
         "quick": False, "runs": runs, "seed_machines": {"0": {"cpu": "EPYC Y", "cores": 2, "date": "2026-12-04T18"}},
+        "machine": {"cpu": {"model": "EPYC Y", "cores": 2}, "date": "2026-12-05T01"}, "seeds_finished": [0],
         "time_to_trl_final_ratio": 0.15, "time_to_trl_final_ratio_reason": None, "test_before_engine": 0.2,
         "test_after_engine": 0.7, "test_before_trl": 0.2, "test_after_trl": 0.64}))
     assert table.learning(tmp_path).splitlines()[2:] == [
         "| 0 | EPYC Y, 2 cores, 2026-12-04 | 20.0% -> 70.0% in 700 s | 20.0% -> 64.0% in 2000 s | 300 s | 0.150 |",
-        "| 1 | ?, ? cores, ? | did not finish | 20.0% -> 64.0% in 2000 s |  | none |",
-        "| median |  | 20.0% -> 70.0% | 20.0% -> 64.0% |  | 0.150 |"]
+        "| 1 | EPYC Y, 2 cores, 2026-12-05 | did not finish (steps 1-2 done) | 20.0% -> 64.0% in 2000 s | not "
+        "compared: a side did not finish |  |",
+        "| median over seeds 0 |  | 20.0% -> 70.0% | 20.0% -> 64.0% |  | 0.150 |"]
     (tmp_path / "learning_vs_trl.json").unlink()
     assert "No full run" in table.learning(tmp_path)
 
 
 def test_learning_headline_gives_the_medians_and_each_seeds_ratio(tmp_path):
     runs = [{"seed": 0, "ratio": {"ratio": 0.148}}, {"seed": 1, "ratio": {"ratio": None}},
-            {"seed": 2, "ratio": {"ratio": 0.4}}]
-    result = {"quick": False, "runs": runs, "steps": 20, "time_to_trl_final_ratio": 0.4,
+            {"seed": 2, "ratio": {"ratio": 0.4}}, {"seed": 3}]
+    result = {"quick": False, "runs": runs, "steps": 20, "seeds_finished": [0, 1, 2, 3], "time_to_trl_final_ratio": 0.4,
               "time_to_trl_final_ratio_reason": None, "test_before_engine": 0.195, "test_after_engine": 0.6,
               "test_before_trl": 0.195, "test_after_trl": 0.62,
               "seed_machines": {str(s): {"cpu": "EPYC Y", "cores": 2, "date": f"2026-12-0{4 + s // 2}T1"}
                                 for s in range(3)}}
     (tmp_path / "learning_vs_trl.json").write_text(json.dumps(result))
     assert table.learning_headline(tmp_path) == (
-        "Against TRL's `GRPOTrainer` on the same model, task and settings, 3 seeds a side taking turns step by step: "
-        "median test accuracy after 20 steps 60.0% for the engine and 62.0% for TRL (from 19.5% and 19.5%); the "
-        "engine first reached TRL's final test accuracy in 0.400 of TRL's wall time (the median; per seed 0.148, "
-        "never, 0.400). Measured 2026-12-04, 2026-12-05 on a 2-core EPYC Y.")
+        "Against TRL's `GRPOTrainer`, same model, task and settings (4 seeds): test accuracy 19.5% -> 60.0% "
+        "(engine), 19.5% -> 62.0% (TRL) after 20 steps; the engine reached TRL's final accuracy in 0.400 of TRL's "
+        "wall time (0.148, never, 0.400, not compared). 2-core EPYC Y, 2026-12-04, 2026-12-05.")

@@ -51,13 +51,16 @@ def test_summary_takes_medians_over_the_seeds_that_ran_both_sides():
              "ratio": L.seed_ratio(ENGINE, TRL)},
             {"engine": {"curve": second, "complete": True}, "trl": {"curve": TRL, "complete": True},
              "ratio": L.seed_ratio(second, TRL)},
-            {"engine": {"curve": ENGINE[:1], "complete": False}, "trl": {"curve": TRL, "complete": True}}]
+            {"seed": 2, "engine": {"curve": ENGINE[:1], "complete": False},
+             "trl": {"curve": [*TRL[:-1], {**TRL[-1], "test_accuracy": 0.9}], "complete": True}}]
+    runs[0]["seed"], runs[1]["seed"] = 0, 1
     got = L.summarize(runs)
     # The second seed reaches 0.35 at 190 s (0.4125): 190 / 700 = 0.271; the third seed's engine stopped early.
     assert got["time_to_trl_final_ratio_runs"] == [0.4, 0.271]
     assert got["time_to_trl_final_ratio"] == round((0.4 + 0.271) / 2, 3)
     assert got["test_after_engine"] == 0.4 and got["test_after_trl"] == 0.35
     assert got["test_before_engine"] == 0.25 and got["wall_s_trl"] == 700.0
+    assert got["seeds_finished"] == [0, 1]  # the third seed's TRL 0.9 is left out with its engine
 
 
 def test_trl_batch_split_matches_the_engines_updates_and_micro_batches():
