@@ -135,11 +135,18 @@ def protocol(config, steps: int, eval_every: int, trl_generate: str) -> dict:
                                   "trl_generate": trl_generate, "trl_packages": list(PACKAGES)}))
 
 
+def steps_in_one_attempt(side: dict) -> int:
+    """How many of a side's step records (run_seed's result[side]["steps"]) run 1, 2, ... before a number repeats
+    or skips: a run its supervisor restarted after a fault reports its steps again from its last checkpoint (from
+    step 1 when it had none)."""
+    numbers = [s.get("step") for s in side.get("steps", [])]
+    return next((k for k, n in enumerate(numbers) if n != k + 1), len(numbers))
+
+
 def side_complete(side: dict, steps: int) -> bool:
-    """Whether one side's run (run_seed's result[side]) trained steps 1..steps in one attempt and exited cleanly.
-    A run its supervisor restarted after a fault reports its steps again from its last checkpoint (from step 1
-    when it had none): its curve would join two runs."""
-    return side.get("exit_code") == 0 and [s.get("step") for s in side["steps"]] == list(range(1, steps + 1))
+    """Whether one side's run trained steps 1..steps in one attempt and exited cleanly (a restarted run's curve
+    would join two runs)."""
+    return side.get("exit_code") == 0 and len(side["steps"]) == steps == steps_in_one_attempt(side)
 
 
 def finished(run: dict) -> bool:

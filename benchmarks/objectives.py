@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks._machine import RESULTS, ROOT, fresh_run_dir, keep_run, kept_run, write_result
+from benchmarks._machine import RESULTS, ROOT, fresh_run_dir, keep_run, kept_run, machine_info, write_result
 
 RUNS_DIR = RESULTS / "objectives-runs"
 SEEDS = (0, 1, 2)
@@ -167,10 +167,12 @@ def kept_runs(folder: Path) -> list[dict]:
     return out
 
 
-def write(runs: list[dict], quick: bool, started: float) -> Path:
-    from benchmarks._machine import machine_info
+def refusals() -> dict[str, str]:
+    """Every "task/arm" the example's config refuses, with the reason (refusal's)."""
+    return {f"{t}/{a}": why for t in TASKS for a in ARMS if (why := refusal(t, a))}
 
-    refused = {f"{t}/{a}": why for t in TASKS for a in ARMS if (why := refusal(t, a))}
+
+def write(runs: list[dict], refused: dict[str, str], quick: bool, started: float) -> Path:
     result = {"benchmark": "objectives", "quick": quick, "seeds": list(SEEDS), "arms": ARMS, "tasks": TASKS,
               "cells": summarize(runs, refused), "runs": runs, "wall_s": round(time.perf_counter() - started, 1)}
     return write_result("objectives", result, machine=machine_info(peak=False))
@@ -191,12 +193,12 @@ def main(argv: list[str] | None = None) -> dict:
         if not set(given) <= set(known):
             ap.error(f"{name} {','.join(sorted(set(given) - set(known)))}: choose from {', '.join(known)}")
     quick = (a.steps is not None or seeds != list(SEEDS) or arms != list(ARMS) or tasks != list(TASKS))
-    started = time.perf_counter()
+    started, refused = time.perf_counter(), refusals()
     if a.table:
-        path = write(kept_runs(RUNS_DIR), False, started)
+        path = write(kept_runs(RUNS_DIR), refused, False, started)
         print(path)
         return json.loads(path.read_text())
-    plan = [(task, arm, seed) for seed in seeds for task in tasks for arm in arms if not refusal(task, arm)]
+    plan = [(task, arm, seed) for seed in seeds for task in tasks for arm in arms if f"{task}/{arm}" not in refused]
     runs = []
     for k, (task, arm, seed) in enumerate(plan, 1):
         wanted = protocol(task, arm, seed)
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
         if not quick and clean(run):
             keep(RUNS_DIR, run, wanted)
         runs.append(run)
-    path = write(runs if quick else kept_runs(RUNS_DIR), quick, started)
+    path = write(runs if quick else kept_runs(RUNS_DIR), refused, quick, started)
     print(path)
     return json.loads(path.read_text())
 

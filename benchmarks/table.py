@@ -194,8 +194,9 @@ def pipeline(results_dir: str | Path = RESULTS) -> str:
 def _accuracy_cell(side: dict | None) -> str:
     """A side's test accuracy before -> after and its own seconds at the end; or how far it got."""
     if not side or not side.get("complete"):
-        numbers = [st.get("step") for st in (side or {}).get("steps", [])]
-        done = next((k for k, n in enumerate(numbers) if n != k + 1), len(numbers))  # a restart counts again from 1
+        from benchmarks.learning_vs_trl import steps_in_one_attempt
+
+        done = steps_in_one_attempt(side or {})
         return f"did not finish (steps 1-{done} done)" if done else "did not finish"
     curve = side["curve"]
     return f"{curve[0]['test_accuracy']:.1%} -> {curve[-1]['test_accuracy']:.1%} in {number(curve[-1]['wall_s'])} s"
@@ -273,7 +274,6 @@ def learning_headline(results_dir: str | Path = RESULTS) -> str:
         reach = f"no median time to TRL's final accuracy: {result['time_to_trl_final_ratio_reason']}"
     else:
         reach = f"the engine reached TRL's final accuracy in {number(median)} of TRL's wall time ({per_seed})"
-    machines = result["seed_machines"].values()
     finished, runs = len(result["seeds_finished"]), len(result["runs"])
     seeds = f"{finished} seeds" if finished == runs else f"{finished} of {runs} seeds finished both sides"
     machines = result["seed_machines"].values()

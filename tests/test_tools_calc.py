@@ -128,10 +128,10 @@ def test_smollm2_template_renders_tools_and_calls_the_parser_reads(smollm2_tok):
 
 def test_measure_scores_training_questions_only():
     import grpo
-    from examples.tools import measure
+    from examples.tools import measure, run
     from examples.tools.calc import CalcEnv
 
-    config = grpo.RunConfig.from_yaml(measure.HERE / "smollm2.yaml", ["--model", "unused"])
+    config = grpo.RunConfig.from_yaml(run.HERE / "smollm2.yaml", ["--model", "unused"])
     kept = measure.training_seeds(list(range(150, 400)), config)
     held = {CalcEnv().task_key(s) for s in range(192)}
     assert kept and min(kept) >= 192 and kept == sorted(kept)

@@ -15,25 +15,23 @@ import json
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
 SHOWN = ("success_rate", "episodes_calling", "episodes_with_a_call_answered", "episodes")
 
 
 def training_seeds(seeds: list[int], config) -> list[int]:
-    """The seeds whose question no validation or test seed asks (CalcEnv.task_key), in order."""
+    """The seeds a training draw could take: none held out, none asking a held-out seed's question (the
+    trainer's rule, envs/split.py)."""
+    from envs.split import held_out
     from examples.tools.calc import CalcEnv
 
     env = CalcEnv()
-    held = {env.task_key(s) for s in config.eval_seeds + config.test_seeds}
-    return [s for s in seeds if s not in config.eval_seeds + config.test_seeds and env.task_key(s) not in held]
+    skip = held_out(env, config.held_out_seeds)
+    return [s for s in seeds if not skip.holds(env, s)]
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import envs
-    import grpo
     from envs.seeds import parse_seeds
-    from examples.tools.calc import CalcEnv
-    from examples.tools.templates import pretrained_with_tools
+    from examples.tools.run import calc_config
     from grpo.driver import eval as run_eval
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -41,8 +39,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--home", default="runs/tools-smollm2-measure")
     a = ap.parse_args(argv)
-    envs.register("calc", CalcEnv, overwrite=True)
-    config = grpo.RunConfig.from_yaml(HERE / "smollm2.yaml", ["--model", str(pretrained_with_tools())])
+    config = calc_config()
     seeds = training_seeds(parse_seeds(a.seeds), config)
     if not seeds:
         ap.error(f"--seeds {a.seeds}: every one asks a validation or test question; give seeds past 191")

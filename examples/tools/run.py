@@ -34,17 +34,24 @@ def agent_env():
     return functools.partial(AgentEnv, agent=look_agent, tasks=task)
 
 
-def pretrained(overrides: list[str]) -> dict:
-    """The calculator task on the real model: its folder with our tool template, examples/tools/smollm2.yaml."""
+def calc_config(overrides: list[str] = ()):
+    """examples/tools/smollm2.yaml on the real model's folder with our tool template, the calc env registered."""
     import envs
     import grpo
     from examples.tools.calc import CalcEnv
     from examples.tools.templates import pretrained_with_tools
 
-    t0 = time.time()
     envs.register("calc", CalcEnv, overwrite=True)
-    config = grpo.RunConfig.from_yaml(HERE / "smollm2.yaml", ["--model", str(pretrained_with_tools(PRETRAINED)),
-                                                               *overrides])
+    return grpo.RunConfig.from_yaml(HERE / "smollm2.yaml", ["--model", str(pretrained_with_tools(PRETRAINED)),
+                                                             *overrides])
+
+
+def pretrained(overrides: list[str]) -> dict:
+    """The calculator task on the real model (calc_config)."""
+    import grpo
+
+    t0 = time.time()
+    config = calc_config(overrides)
     summary = grpo.Trainer(config).fit()
     line = {"model": PRETRAINED, **{k: summary.get(k) for k in PRETRAINED_SHOWN}}
     line["wall_s"] = round(time.time() - t0, 1)
