@@ -48,9 +48,12 @@ doctor: install
 # Every benchmark whose result the docs' tables read, in full mode, each writing its result
 # (benchmarks/results/*.json) with the machine; then the generated tables in the docs are rewritten from those
 # files (a failed benchmark keeps its previous file, and make fails at the end). NAME:ARGS runs NAME with ARGS.
-# The last four run on a real model (the reasoning example's), each writing NAME-MODEL.json.
+# The four --model entries run on a real model (the reasoning example's), each writing NAME-MODEL.json.
+# learning_vs_trl takes about an hour a seed: --resume keeps the seeds a full run already finished
+# (benchmarks/results/learning_vs_trl-seeds/) and runs only the others.
 BENCHMARKS := rollout_speed update shared_prompt adapter_sync scaling step env_latency dtype logprob_memory \
 	memory_model generate_vs_hf:--preset=tiny generate_vs_hf:--preset=bench pipeline vs_trl driver_memory \
+	learning_vs_trl:--resume \
 	rollout_speed:--model=smollm2-135m-instruct update:--model=smollm2-135m-instruct \
 	adapter_sync:--model=smollm2-135m-instruct logprob_memory:--model=smollm2-135m-instruct
 bench: install

@@ -8,7 +8,7 @@ from rollout import pretrained
 ROOT = Path(__file__).resolve().parents[1]
 # Results named otherwise than the module (and arguments) that writes them.
 WRITTEN_BY = {"rollout": "rollout_speed", "sync": "adapter_sync", "generate_vs_hf-tiny": "generate_vs_hf:--preset=tiny",
-              "generate_vs_hf-bench": "generate_vs_hf:--preset=bench"}
+              "generate_vs_hf-bench": "generate_vs_hf:--preset=bench", "learning_vs_trl": "learning_vs_trl:--resume"}
 
 
 def written_by(stem: str) -> str:

@@ -12,6 +12,7 @@ from envs.base import AgentEnv
 from examples.tools.agent import TOOLS, look_agent, task
 from examples.tools.sft import ensure_warmstart
 from grpo.learner import forward
+from grpo.tools import model_check
 from rollout.engine import EngineConfig
 from rollout.worker import RolloutConfig, RolloutWorker, Task
 
@@ -41,20 +42,34 @@ def agent_worker(session_dir):
     w.shutdown()
 
 
-def _parity(path, trajs) -> float:
+def _parity(path, trajs) -> None:
+    """vLLM's sampled logprobs against the trainer's, within the project's one bar (model_check): the larger of
+    TOLERANCE and FLOOR_FACTOR times float32's own floor, the trainer's distance from the same forward in float64
+    on these tokens. At temperature 1.0 a sampled token can be improbable, its logprob large and its float32
+    ulps coarse: a fixed 1e-5 failed at 1.24e-5 on one such draw (CI, 2026-12-05)."""
     processor = forward.load_processor(path)
     seqs = [forward.expand(processor, s.token_ids, s.images, [torch.tensor(s.loss_mask),
                                                               torch.tensor(s.sampler_logprobs)])
             for t in trajs for s in t.segments]
     batch = forward.collate(processor, seqs, forward.tokenizer_of(processor).pad_token_id)
-    with torch.no_grad():
-        lp = forward.token_logprobs(forward.load_model(path).eval(), batch, mask=batch.per_token[0])
     mask = batch.per_token[0].bool()
-    assert mask.sum().item() == sum(t.num_generated for t in trajs) > 0
-    diff = (lp[mask] - batch.per_token[1][mask]).abs()
-    print(f"|vLLM - trainer|: mean {diff.mean().item():.2e}, max {diff.max().item():.2e} over {int(mask.sum())} tokens")
-    assert diff.mean().item() <= 1e-6, diff.mean().item()
-    return diff.max().item()
+    with torch.no_grad():
+        lp = forward.token_logprobs(forward.load_model(path).eval(), batch, mask=batch.per_token[0])[mask]
+        kwargs = {k: v.double() if v.is_floating_point() else v for k, v in batch.model_kwargs().items()}
+        logits = forward.load_model(path, torch.float64).eval()(**kwargs, use_cache=False).logits
+        exact = forward.target_logprobs(logits[:, :-1][mask[:, 1:]], batch.input_ids[:, 1:][mask[:, 1:]],
+                                        batch.banned_ids)
+    assert mask.sum().item() == sum(t.num_generated for t in trajs) > 0 and not mask[:, 0].any()
+    sampled = batch.per_token[1][mask]
+    diff = (lp - sampled).abs()
+    floor = (lp.double() - exact).abs().max().item()
+    vllm_floor = (sampled.double() - exact).abs().max().item()
+    bar = max(model_check.TOLERANCE, model_check.FLOOR_FACTOR * floor)
+    print(f"|vLLM - trainer|: mean {diff.mean().item():.2e}, max {diff.max().item():.2e} over {int(mask.sum())} "
+          f"tokens; from float64: trainer {floor:.2e}, vLLM {vllm_floor:.2e}; bar {bar:.2e}")
+    # A wrong adapter, token or position is off by 1e-2 and more; float32's rounding here is 1e-7 to 1e-5.
+    assert floor <= 5e-5 and diff.mean().item() <= 1e-6, (floor, diff.mean().item())
+    assert diff.max().item() <= bar and vllm_floor <= bar, (diff.max().item(), vllm_floor, bar)
 
 
 def test_an_openai_agent_runs_unchanged_and_its_calls_are_one_sequence(agent_worker):
@@ -78,7 +93,7 @@ def test_an_openai_agent_runs_unchanged_and_its_calls_are_one_sequence(agent_wor
         assert len(t.actions) == t.num_turns and "<tool_call>" in t.actions[0]
     # One batched engine call per round of the agents' calls, not one per call.
     assert stats.engine_calls < sum(t.num_turns for t in trajs)
-    assert _parity(path, trajs) <= 1e-5
+    _parity(path, trajs)
 
 
 def test_an_agent_that_edits_its_history_starts_a_new_segment(agent_worker):
@@ -89,7 +104,7 @@ def test_an_agent_that_edits_its_history_starts_a_new_segment(agent_worker):
         assert t.num_turns == 2 and len(t.segments) == 2 and t.reward == 0.5 and not t.success
         second = forward.tokenizer_of(forward.load_processor(path)).decode(t.segments[1].token_ids)
         assert "Think again." in second and "<tools>" in second
-    assert _parity(path, trajs) <= 1e-5
+    _parity(path, trajs)
 
 
 def test_a_bad_request_is_an_api_error_the_agent_sees(agent_worker):
