@@ -1,6 +1,7 @@
 """Process-level settings (rollout/runtime.py): the collector paused around heavy imports, and freed memory kept
 for a train rank's next step."""
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,37 @@ before = resident()
 del x
 print(before - resident())
 """
+
+
+# A hole in a kept heap: a 256 MB block freed below a live one, then release_freed_memory with a bound (argv[1])
+# and the share of available memory under which it releases (argv[2]).
+HOLE = """
+import json, sys, torch
+from rollout import runtime
+runtime.keep_freed_memory()
+x = torch.ones(64 << 20)
+y = torch.ones(1 << 18)  # above x on the heap: freeing x leaves a hole, not a free top
+del x
+held = runtime.resident_memory_gb()[0]
+free, released = runtime.release_freed_memory(int(sys.argv[1]), float(sys.argv[2]))
+print(json.dumps({"free": free, "released": released, "gb": held - runtime.resident_memory_gb()[0]}))
+"""
+
+
+def test_a_kept_heap_hands_back_its_holes_only_above_the_bound_and_under_memory_pressure():
+    def hole(keep_bytes: int, low_available: float = 1.0) -> dict:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+        argv = [sys.executable, "-c", HOLE, str(keep_bytes), str(low_available)]
+        return json.loads(subprocess.run(argv, capture_output=True, text=True, check=True, env=environ).stdout)
+
+    # A machine always short of memory (available share < 1.0), then one never short (< 0.0).
+    below, above, plenty = hole(runtime.KEEP_FREE_BYTES), hole(128 << 20), hole(128 << 20, 0.0)
+    assert all(r["free"] >= 256 << 20 for r in (below, above, plenty))
+    # Under the bound, or with memory to spare, the hole stays resident for the next step.
+    assert not below["released"] and abs(below["gb"]) < 0.016
+    assert not plenty["released"] and abs(plenty["gb"]) < 0.016
+    assert above["released"] and above["gb"] > 0.2  # its pages go back, though live memory sits above them
+    assert 0.0 < runtime.available_memory_share() < 1.0
 
 
 def test_the_collector_is_paused_inside_and_left_as_it_was_after():
