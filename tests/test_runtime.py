@@ -39,11 +39,16 @@ print(json.dumps({"free": free, "released": released, "gb": held - runtime.resid
 """
 
 
+def _fresh(code: str, *args, **env) -> str:
+    """`code` run in a fresh process with `args`, its malloc untuned but for `env`; what it printed."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, check=True,
+                          env={**environ, **env}).stdout
+
+
 def test_a_kept_heap_hands_back_its_holes_only_above_the_bound_and_under_memory_pressure():
     def hole(keep_bytes: int, low_available: float = 1.0) -> dict:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-        argv = [sys.executable, "-c", HOLE, str(keep_bytes), str(low_available)]
-        return json.loads(subprocess.run(argv, capture_output=True, text=True, check=True, env=environ).stdout)
+        return json.loads(_fresh(HOLE, keep_bytes, low_available))
 
     # A machine always short of memory (available share < 1.0), then one never short (< 0.0).
     below, above, plenty = hole(runtime.KEEP_FREE_BYTES), hole(128 << 20), hole(128 << 20, 0.0)
@@ -74,9 +79,7 @@ def test_the_collector_is_paused_inside_and_left_as_it_was_after():
 
 def test_freed_memory_stays_in_the_process_for_the_next_allocation():
     def freed(mode: str, **env) -> int:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-        return int(subprocess.run([sys.executable, "-c", FREED, mode], capture_output=True, text=True, check=True,
-                                  env={**environ, **env}).stdout)
+        return int(_fresh(FREED, mode, **env))
 
     assert freed("default") > 200 << 20  # glibc's default: the block goes back to the kernel
     assert freed("keep") < 16 << 20

@@ -43,10 +43,10 @@ def agent_worker(session_dir):
 
 
 def _parity(path, trajs) -> None:
-    """vLLM's sampled logprobs against the trainer's, within the project's one bar (model_check): the larger of
-    TOLERANCE and FLOOR_FACTOR times float32's own floor, the trainer's distance from the same forward in float64
-    on these tokens. At temperature 1.0 a sampled token can be improbable, its logprob large and its float32
-    ulps coarse: a fixed 1e-5 failed at 1.24e-5 on one such draw (CI, 2026-12-05)."""
+    """vLLM's sampled logprobs against the trainer's, within the project's one bar (model_check.parity_bar of
+    float32's own floor: the trainer's distance from the same forward in float64 on these tokens). At temperature
+    1.0 a sampled token can be improbable, its logprob large and its float32 ulps coarse: a fixed 1e-5 failed at
+    1.24e-5 on one such draw (CI, 2026-12-05)."""
     processor = forward.load_processor(path)
     seqs = [forward.expand(processor, s.token_ids, s.images, [torch.tensor(s.loss_mask),
                                                               torch.tensor(s.sampler_logprobs)])
@@ -55,16 +55,13 @@ def _parity(path, trajs) -> None:
     mask = batch.per_token[0].bool()
     with torch.no_grad():
         lp = forward.token_logprobs(forward.load_model(path).eval(), batch, mask=batch.per_token[0])[mask]
-        kwargs = {k: v.double() if v.is_floating_point() else v for k, v in batch.model_kwargs().items()}
-        logits = forward.load_model(path, torch.float64).eval()(**kwargs, use_cache=False).logits
-        exact = forward.target_logprobs(logits[:, :-1][mask[:, 1:]], batch.input_ids[:, 1:][mask[:, 1:]],
-                                        batch.banned_ids)
+        exact = model_check.exact_logprobs(forward.load_model(path, torch.float64).eval(), batch, mask)
     assert mask.sum().item() == sum(t.num_generated for t in trajs) > 0 and not mask[:, 0].any()
     sampled = batch.per_token[1][mask]
     diff = (lp - sampled).abs()
     floor = (lp.double() - exact).abs().max().item()
     vllm_floor = (sampled.double() - exact).abs().max().item()
-    bar = max(model_check.TOLERANCE, model_check.FLOOR_FACTOR * floor)
+    bar = model_check.parity_bar(floor)
     print(f"|vLLM - trainer|: mean {diff.mean().item():.2e}, max {diff.max().item():.2e} over {int(mask.sum())} "
           f"tokens; from float64: trainer {floor:.2e}, vLLM {vllm_floor:.2e}; bar {bar:.2e}")
     # A wrong adapter, token or position is off by 1e-2 and more; float32's rounding here is 1e-7 to 1e-5.

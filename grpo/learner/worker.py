@@ -198,9 +198,8 @@ class TrainWorker:
             metrics.update({k: v for k, v in merge_metrics(first, dist.all_reduce).items() if "sampler_abs" in k})
         (ran_tokens,) = dist.all_reduce([float(ran_tokens)])
         # Measured before the release: rss_gb is what the step left resident, heap_free_gb what it had freed.
-        rss_gb, peak_rss_gb = dist.all_reduce(list(runtime.resident_memory_gb()), op="max")
-        heap_free, released = runtime.release_freed_memory()
-        heap_free_gb, heap_released = dist.all_reduce([heap_free / 1e9, float(released)], op="max")
+        rss_gb, peak_rss_gb, heap_free, heap_released = dist.all_reduce(
+            [*runtime.resident_memory_gb(), *map(float, runtime.release_freed_memory())], op="max")
         metrics.update({
             # Each rank's loss carries a factor world_size (its normaliser is divided by it, as FSDP averages
             # gradients); the batch loss is their mean, averaged over the updates.
@@ -214,7 +213,7 @@ class TrainWorker:
             "skipped": 0.0,
             "rss_gb": rss_gb,
             "peak_rss_gb": peak_rss_gb,
-            "heap_free_gb": heap_free_gb,
+            "heap_free_gb": heap_free / 1e9,
             "heap_released": heap_released,
         })
         return metrics

@@ -137,12 +137,25 @@ def _scored(scorer, adapter: str, processor, traj: dict, exact: bool = False):
     keep = batch.per_token[0].bool()
     with torch.no_grad():
         if exact:
-            kwargs = {k: v.double() if v.is_floating_point() else v for k, v in batch.model_kwargs().items()}
-            logits = scorer(**kwargs, use_cache=False).logits[:, :-1][keep[:, 1:]]
-            lp = forward.target_logprobs(logits, batch.input_ids[:, 1:][keep[:, 1:]], batch.banned_ids)
+            lp = exact_logprobs(scorer, batch, keep)
         else:
             lp = forward.token_logprobs(scorer, batch, mask=batch.per_token[0])[keep]
     return lp.double(), batch.per_token[1][keep]
+
+
+def exact_logprobs(model64, batch, keep):
+    """The logprobs of the tokens at `keep` (a [B, T] bool mask, never position 0) under `model64`, a float64 model,
+    with the log-softmax in float64 too: the exact arithmetic that float32's floor is measured against."""
+    from grpo.learner import forward
+
+    kwargs = {k: v.double() if v.is_floating_point() else v for k, v in batch.model_kwargs().items()}
+    logits = model64(**kwargs, use_cache=False).logits[:, :-1][keep[:, 1:]]
+    return forward.target_logprobs(logits, batch.input_ids[:, 1:][keep[:, 1:]], batch.banned_ids)
+
+
+def parity_bar(float32_floor: float) -> float:
+    """The largest |vLLM - trainer| logprob gap that passes, given the trainer's measured float32 floor."""
+    return max(TOLERANCE, FLOOR_FACTOR * float32_floor)
 
 
 def float32_floor(exact_model, adapter: str, processor, traj: dict, scored) -> dict:
@@ -272,7 +285,7 @@ def check_model(model_dir, work_dir, log) -> dict:
             gc.collect()
         figures["float32_floor"] = max(f["trainer_vs_float64"] for f in floors.values())
         figures["vllm_vs_float64"] = max(f["vllm_vs_float64"] for f in floors.values())
-        figures["bar"] = bar = max(TOLERANCE, FLOOR_FACTOR * figures["float32_floor"])
+        figures["bar"] = bar = parity_bar(figures["float32_floor"])
         figures["gap_merged"] = max(gaps["merged"]["v1"], gaps["merged"]["v2"])
         figures["gap_lora"] = max(gaps["lora"][v] for v in ("v1", "v2", "v3"))
         figures["hotload_diff_to_v1"] = min(gaps["merged"]["v2_vs_v1"], gaps["lora"]["v2_vs_v1"])
