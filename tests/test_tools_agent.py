@@ -129,10 +129,14 @@ def test_an_openai_agent_trains_for_two_steps(tmp_path):
     envs.register("look", agent_env(), overwrite=True)
     cfg = grpo.RunConfig.from_yaml("examples/tools/cpu.yaml", [
         "--model", str(ensure_warmstart()), "--output_dir", str(tmp_path / "run"), "--steps", "2",
-        "--tasks_per_step", "2", "--eval.seeds", "0-3", "--eval.every", "2", "--algorithm.group_size", "4"])
+        "--tasks_per_step", "2", "--eval.seeds", "0-3", "--eval.every", "2", "--algorithm.group_size", "4",
+        # Groups whose replies all score alike train too (advantage 0), so both steps score what vLLM sampled:
+        # with them dropped, a draw where every group ties trains nothing and has no gap to check.
+        "--algorithm.drop_zero_signal_groups", "false"])
     summary = grpo.Trainer(cfg).fit()
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2] and summary["steps"] == 2
+    assert [r["train"]["skipped"] for r in lines] == [0.0, 0.0]
     print("sampler_abs_diff_max per step:", [r["train"]["sampler_abs_diff_max"] for r in lines])
     # float32: measured 9.5e-7 and 1.2e-6, a few ulps of the logprobs; the bound is 8x that.
     assert all(r["train"]["sampler_abs_diff_max"] <= 1e-5 for r in lines)
