@@ -3,6 +3,7 @@ step ahead (`pipeline.max_staleness: 1`), on the two bundled examples (the real 
 reasoning task, the tiny Qwen3-VL warm start on the maze), 3 training seeds each; test accuracy and wall time.
 
     python -m benchmarks.objectives                       # every arm, task and seed not kept yet
+    python -m benchmarks.objectives --arms cispo --tasks maze   # one cell: its 3 seeds not kept yet
     python -m benchmarks.objectives --table               # objectives.json from the kept runs alone
     python -m benchmarks.objectives --arms grpo,cispo --tasks reasoning --seeds 0 --steps 2   # a smoke run
 
@@ -11,8 +12,10 @@ the arm's fields and the seed's flags, in a fresh folder under runs/objectives/,
 full protocol is kept in benchmarks/results/objectives-runs/ with its protocol and machine as soon as it ends:
 the ablation is 45 runs of 5 to 15 minutes on 2 cores, so it spans sessions. A kept run is not run again, one
 kept under another protocol (the arm's fields, the example's config) is refused, and one that did not end
-cleanly is not kept. An arm the example's config refuses (the sequence-level ones on the maze, whose turns are
-segments of their own) is not run: its cell gives the reason.
+cleanly is not kept. A subset of arms, tasks or seeds runs each of its runs at the full protocol, so those are
+kept too (a cell at a time completes sooner than the seed-major plan); only --steps makes a smoke run, kept
+nowhere. An arm the example's config refuses (the sequence-level ones on the maze, whose turns are segments of
+their own) is not run: its cell gives the reason.
 """
 from __future__ import annotations
 
@@ -192,7 +195,9 @@ def main(argv: list[str] | None = None) -> dict:
     for name, given, known in (("--arms", arms, ARMS), ("--tasks", tasks, TASKS)):
         if not set(given) <= set(known):
             ap.error(f"{name} {','.join(sorted(set(given) - set(known)))}: choose from {', '.join(known)}")
-    quick = (a.steps is not None or seeds != list(SEEDS) or arms != list(ARMS) or tasks != list(TASKS))
+    if not set(seeds) <= set(SEEDS):
+        ap.error(f"--seeds {a.seeds}: the protocol's seeds are {','.join(map(str, SEEDS))}")
+    quick = a.steps is not None
     started, refused = time.perf_counter(), refusals()
     if a.table:
         path = write(kept_runs(RUNS_DIR), refused, False, started)

@@ -65,3 +65,9 @@ def test_the_block_gives_complete_cells_refusals_and_seeds_still_to_run(tmp_path
     (gspo,) = [line for line in lines if line.startswith("| gspo ")]
     assert gspo.endswith("| refused by the config |  |  |")
     assert lines[-1] == "Runs kept: 4, on EPYC Y (2026-12-05)."
+
+
+def test_a_seed_outside_the_protocol_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit):
+        O.main(["--arms", "cispo", "--tasks", "maze", "--seeds", "3"])
+    assert "--seeds 3: the protocol's seeds are 0,1,2" in capsys.readouterr().err
