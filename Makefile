@@ -50,10 +50,11 @@ doctor: install
 # files (a failed benchmark keeps its previous file, and make fails at the end). NAME:ARGS runs NAME with ARGS.
 # The four --model entries run on a real model (the reasoning example's), each writing NAME-MODEL.json.
 # learning_vs_trl takes about an hour a seed: --resume keeps the seeds a full run already finished
-# (benchmarks/results/learning_vs_trl-seeds/) and runs only the others.
+# (benchmarks/results/learning_vs_trl-seeds/) and runs only the others; objectives likewise runs only the
+# ablation's runs not kept yet (benchmarks/results/objectives-runs/, 5 to 25 minutes each).
 BENCHMARKS := rollout_speed update shared_prompt adapter_sync scaling step env_latency dtype logprob_memory \
 	memory_model generate_vs_hf:--preset=tiny generate_vs_hf:--preset=bench pipeline vs_trl driver_memory \
-	learning_vs_trl:--resume \
+	learning_vs_trl:--resume objectives \
 	rollout_speed:--model=smollm2-135m-instruct update:--model=smollm2-135m-instruct \
 	adapter_sync:--model=smollm2-135m-instruct logprob_memory:--model=smollm2-135m-instruct
 bench: install
