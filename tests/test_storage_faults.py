@@ -1,8 +1,9 @@
-"""Storage faults on real filesystems: a run whose disk fills, or turns read-only, in the middle of a step stops
-with one [grpo] line and a non-zero exit, loses nothing it wrote before, and resumes once the storage is fixed."""
+"""Storage faults on real filesystems: a run whose disk turns read-only in the middle of a step, on 2 train ranks,
+stops with one [grpo] line and a non-zero exit, loses nothing it wrote before, and resumes once the storage is
+fixed. A disk that fills at the same write (and at every other write site) is tests/test_disk_full.py's: a full
+disk here too ran the same stop again (80 s of the suite on the 2-core EPYC) for the same line and kept files."""
 import errno
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -59,18 +60,6 @@ class _BreakStorage(grpo.Callback):
             self.breaks()
 
 
-def _fill(disk: Path) -> None:
-    # Unbuffered: a buffered file would raise ENOSPC once more as it closes, in the callback.
-    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * (1 << 16))
-    except OSError as e:
-        assert e.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-
-
 def _read_only(disk: Path) -> None:
     # A read-only view of the folder over itself: remounting the tmpfs read-only would wait for the files
     # the run holds open for writing.
@@ -89,20 +78,17 @@ def _config(model, out):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["full", "read-only"])
-def test_broken_storage_mid_step_stops_the_run_with_one_line_and_loses_nothing(tmp_path, tiny_vl, capfd, fault):
+def test_read_only_storage_mid_step_stops_the_run_with_one_line_and_loses_nothing(tmp_path, tiny_vl, capfd):
     disk = tmp_path / "disk"
     _mount_tmpfs(disk, 16)
     try:
-        breaks = {"full": lambda: _fill(disk), "read-only": lambda: _read_only(disk)}[fault]
         with pytest.raises(SystemExit) as stopped:
-            grpo.Trainer(_config(tiny_vl, disk), callbacks=[_BreakStorage(2, breaks)]).fit()
+            grpo.Trainer(_config(tiny_vl, disk), callbacks=[_BreakStorage(2, lambda: _read_only(disk))]).fit()
         assert stopped.value.code == storage.STORAGE_EXIT
         err = capfd.readouterr().err
         lines = [x for x in err.splitlines() if x.startswith("[grpo] storage failed")]
-        code = {"full": "No space left on device (ENOSPC)", "read-only": "Read-only file system (EROFS)"}[fault]
         assert len(lines) == 1 and lines[0].startswith(
-            f"[grpo] storage failed in step 2: {code} writing an adapter version {disk}/store/")
+            f"[grpo] storage failed in step 2: Read-only file system (EROFS) writing an adapter version {disk}/store/")
         assert "last checkpoint: step 1 at" in lines[0] and "last published adapter: v2 (verified)" in lines[0]
         assert "Traceback" not in err
         # What step 1 wrote is intact: its checkpoint and the adapter it published verify.
@@ -111,10 +97,7 @@ def test_broken_storage_mid_step_stops_the_run_with_one_line_and_loses_nothing(t
         assert [json.loads(x)["step"] for x in (disk / "metrics.jsonl").read_text().splitlines()] == [1]
 
         # The storage fixed, the same command resumes from step 1 and finishes.
-        if fault == "full":
-            (disk / "filler").unlink()
-        else:
-            subprocess.run(["umount", str(disk)], check=True)  # the read-only view goes, the tmpfs stays
+        subprocess.run(["umount", str(disk)], check=True)  # the read-only view goes, the tmpfs stays
         summary = grpo.Trainer(_config(tiny_vl, disk)).fit()
         assert summary["steps"] == 3 and "[grpo] resumed from" in capfd.readouterr().err
     finally:
