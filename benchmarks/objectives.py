@@ -155,6 +155,42 @@ def summarize(runs: list[dict], refused: dict[str, str], seeds=SEEDS) -> dict:
     return cells
 
 
+def baseline_of(arm: str) -> str | None:
+    """The arm another is read against: an importance-sampling arm against `stale` (its pipeline without the
+    correction), `stale` and the loss types against `grpo`."""
+    return None if arm == "grpo" else "stale" if arm.startswith("is_") else "grpo"
+
+
+def verdicts(cells: dict) -> dict[str, str]:
+    """Per task, the arms that win or lose against their baseline as far as 3 seeds can show it: every seed's
+    test accuracy after training above (or below) every seed's of the baseline. Overlapping ranges name no one."""
+    out = {}
+    for task in TASKS:
+        done = {arm: cells[f"{task}/{arm}"] for arm in ARMS if cells[f"{task}/{arm}"].get("complete")}
+        runnable = [arm for arm in ARMS if "refused" not in cells[f"{task}/{arm}"]]
+        compared, apart = [], []
+        for arm, cell in done.items():
+            base = done.get(baseline_of(arm))
+            if base is None:
+                continue
+            compared.append(arm)
+            if cell["test_after_range"][0] > base["test_after_range"][1]:
+                apart.append(f"{arm} above {baseline_of(arm)}")
+            elif cell["test_after_range"][1] < base["test_after_range"][0]:
+                apart.append(f"{arm} below {baseline_of(arm)}")
+        line = f"{task}: {len(done)} of {len(runnable)} arms complete"
+        if not compared:
+            out[task] = f"{line}, none beside its baseline yet."
+            continue
+        best = max(done, key=lambda arm: done[arm]["test_after_mean"])
+        verdict = (", ".join(apart) + " at every seed" if apart else
+                   "no arm is above or below its baseline at every seed (the ranges overlap): no winner")
+        beside = "beside its baseline" if len(compared) == 1 else "beside their baselines"
+        out[task] = (f"{line} ({', '.join(compared)} {beside}): {verdict}; highest mean test "
+                     f"accuracy after, {best} ({done[best]['test_after_mean']:.1%}).")
+    return out
+
+
 def keep(folder: Path, run: dict, wanted: dict) -> Path:
     return keep_run(folder / f"{run_name(run['task'], run['arm'], run['seed'])}.json", wanted, run)
 
@@ -177,7 +213,8 @@ def refusals() -> dict[str, str]:
 
 def write(runs: list[dict], refused: dict[str, str], quick: bool, started: float) -> Path:
     result = {"benchmark": "objectives", "quick": quick, "seeds": list(SEEDS), "arms": ARMS, "tasks": TASKS,
-              "cells": summarize(runs, refused), "runs": runs, "wall_s": round(time.perf_counter() - started, 1)}
+              "cells": (cells := summarize(runs, refused)), "verdicts": verdicts(cells), "runs": runs,
+              "wall_s": round(time.perf_counter() - started, 1)}
     return write_result("objectives", result, machine=machine_info(peak=False))
 
 

@@ -247,7 +247,8 @@ def _objective_cells(cell: dict, seeds: int) -> list[str]:
 
 def objectives(results_dir: str | Path = RESULTS) -> str:
     """benchmarks/objectives.py: per arm and task, the test accuracy after training and its gain over before
-    (mean and range over the seeds), and the mean wall time; then the machines the runs had."""
+    (mean and range over the seeds), and the mean wall time; then the machines the runs had, and per task the
+    arms that beat or trail their baseline at every seed (objectives.verdicts)."""
     result = load(results_dir).get("objectives")
     if result is None:
         return "No run of `python -m benchmarks.objectives` is in the results yet."
@@ -258,6 +259,7 @@ def objectives(results_dir: str | Path = RESULTS) -> str:
         lines.append(_line([arm] + [c for t in tasks for c in _objective_cells(result["cells"][f"{t}/{arm}"], seeds)]))
     machines = sorted({f"{r['cpu']} ({r['date'][:10]})" for r in result["runs"] if "cpu" in r})
     lines += ["", f"Runs kept: {len(result['runs'])}, on {', '.join(machines) or 'no machine yet'}."]
+    lines += [""] + [f"- {verdict}" for verdict in result["verdicts"].values()]
     return "\n".join(lines)
 
 
