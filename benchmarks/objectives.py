@@ -161,11 +161,15 @@ def baseline_of(arm: str) -> str | None:
     return None if arm == "grpo" else "stale" if arm.startswith("is_") else "grpo"
 
 
-def verdicts(cells: dict) -> dict[str, str]:
+def verdicts(cells: dict, runs: list[dict]) -> dict[str, str]:
     """Per task, the arms that win or lose against their baseline as far as 3 seeds can show it: every seed's
-    test accuracy after training above (or below) every seed's of the baseline. Overlapping ranges name no one."""
+    test accuracy after training above (or below) every seed's of the baseline. Overlapping ranges name no one.
+    Then every kept run that ended below its own test accuracy before training."""
     out = {}
     for task in TASKS:
+        worse = "".join(f" {r['arm']} seed {r['seed']} ended below its start ({r['test_before']:.1%} -> "
+                        f"{r['test_after']:.1%})." for r in runs
+                        if r["task"] == task and r["test_after"] < r["test_before"])
         done = {arm: cells[f"{task}/{arm}"] for arm in ARMS if cells[f"{task}/{arm}"].get("complete")}
         runnable = [arm for arm in ARMS if "refused" not in cells[f"{task}/{arm}"]]
         compared, apart = [], []
@@ -180,14 +184,14 @@ def verdicts(cells: dict) -> dict[str, str]:
                 apart.append(f"{arm} below {baseline_of(arm)}")
         line = f"{task}: {len(done)} of {len(runnable)} arms complete"
         if not compared:
-            out[task] = f"{line}, none beside its baseline yet."
+            out[task] = f"{line}, none beside its baseline yet.{worse}"
             continue
         best = max(done, key=lambda arm: done[arm]["test_after_mean"])
         verdict = (", ".join(apart) + " at every seed" if apart else
                    "no arm is above or below its baseline at every seed (the ranges overlap): no winner")
         beside = "beside its baseline" if len(compared) == 1 else "beside their baselines"
         out[task] = (f"{line} ({', '.join(compared)} {beside}): {verdict}; highest mean test "
-                     f"accuracy after, {best} ({done[best]['test_after_mean']:.1%}).")
+                     f"accuracy after, {best} ({done[best]['test_after_mean']:.1%}).{worse}")
     return out
 
 
@@ -213,7 +217,7 @@ def refusals() -> dict[str, str]:
 
 def write(runs: list[dict], refused: dict[str, str], quick: bool, started: float) -> Path:
     result = {"benchmark": "objectives", "quick": quick, "seeds": list(SEEDS), "arms": ARMS, "tasks": TASKS,
-              "cells": (cells := summarize(runs, refused)), "verdicts": verdicts(cells), "runs": runs,
+              "cells": (cells := summarize(runs, refused)), "verdicts": verdicts(cells, runs), "runs": runs,
               "wall_s": round(time.perf_counter() - started, 1)}
     return write_result("objectives", result, machine=machine_info(peak=False))
 
