@@ -1,8 +1,8 @@
 """Tool turns end to end: the tool example's warm start on real vLLM calls `look` in its own format,
 the results come back as `tool` messages, and the trainer scores exactly the ids vLLM sampled across the
-tool turns (float32 parity)."""
+tool turns (float32 parity, within the bar test_tools_agent holds its agent runs to)."""
 import pytest
-import torch
+from test_tools_agent import _parity
 
 import envs
 from examples.tools.sft import RUN, ensure_warmstart
@@ -47,16 +47,4 @@ def test_tool_turns_reach_the_trainer_with_the_ids_vllm_sampled(tool_worker):
         first = seg.loss_mask.index(1)
         context = tok.decode([i for i, m in zip(seg.token_ids[first:], seg.loss_mask[first:]) if not m])
         assert "<tool_response>" in context and '"arguments"' not in context
-    model = forward.load_model(path).eval()
-    processor = forward.load_processor(path)
-    seqs = [forward.expand(processor, s.token_ids, s.images, [torch.tensor(s.loss_mask),
-                                                              torch.tensor(s.sampler_logprobs)])
-            for t in trajs for s in t.segments]
-    batch = forward.collate(processor, seqs, tok.pad_token_id)
-    with torch.no_grad():
-        lp = forward.token_logprobs(model, batch, mask=batch.per_token[0])
-    mask = batch.per_token[0].bool()
-    diff = (lp[mask] - batch.per_token[1][mask]).abs()
-    assert mask.sum().item() == sum(t.num_generated for t in trajs) > 0
-    # float32: about 1e-7 on average, a few 1e-6 at most (the same kernels' rounding, not a mismatch).
-    assert diff.mean().item() <= 1e-6 and diff.max().item() <= 1e-5, (diff.mean().item(), diff.max().item())
+    _parity(path, trajs)
