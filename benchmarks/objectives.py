@@ -174,14 +174,16 @@ def verdicts(cells: dict, runs: list[dict]) -> dict[str, str]:
         runnable = [arm for arm in ARMS if "refused" not in cells[f"{task}/{arm}"]]
         compared, apart = [], []
         for arm, cell in done.items():
-            base = done.get(baseline_of(arm))
-            if base is None:
+            base_arm = baseline_of(arm)
+            if base_arm not in done:
                 continue
             compared.append(arm)
-            if cell["test_after_range"][0] > base["test_after_range"][1]:
-                apart.append(f"{arm} above {baseline_of(arm)}")
-            elif cell["test_after_range"][1] < base["test_after_range"][0]:
-                apart.append(f"{arm} below {baseline_of(arm)}")
+            low, high = cell["test_after_range"]
+            base_low, base_high = done[base_arm]["test_after_range"]
+            if low > base_high:
+                apart.append(f"{arm} above {base_arm}")
+            elif high < base_low:
+                apart.append(f"{arm} below {base_arm}")
         line = f"{task}: {len(done)} of {len(runnable)} arms complete"
         if not compared:
             out[task] = f"{line}, none beside its baseline yet.{worse}"
@@ -216,8 +218,9 @@ def refusals() -> dict[str, str]:
 
 
 def write(runs: list[dict], refused: dict[str, str], quick: bool, started: float) -> Path:
+    cells = summarize(runs, refused)
     result = {"benchmark": "objectives", "quick": quick, "seeds": list(SEEDS), "arms": ARMS, "tasks": TASKS,
-              "cells": (cells := summarize(runs, refused)), "verdicts": verdicts(cells, runs), "runs": runs,
+              "cells": cells, "verdicts": verdicts(cells, runs), "runs": runs,
               "wall_s": round(time.perf_counter() - started, 1)}
     return write_result("objectives", result, machine=machine_info(peak=False))
 
