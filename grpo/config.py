@@ -49,6 +49,10 @@ class EvalConfig:
     test_seeds: Any = None       # the test set: scored before and after training, used for nothing else
     every: int = 0               # evaluate every k steps (0: only before and after training)
     target_success: Optional[float] = None  # stop training once eval success reaches it
+    # The adapter the test set scores and summary.json names: "last" (the final step's) or "best" (of the
+    # start, every periodic eval and the last step, the one with the highest validation success; a tie goes to
+    # the earliest)
+    select: str = "last"
 
     def __post_init__(self):
         try:
@@ -63,6 +67,8 @@ class EvalConfig:
                 "set is reported and nothing else, eval.seeds stops runs")
         check_number(self, "every", integer=True, ge=0)
         check_number(self, "target_success", ge=0, le=1, optional=True)
+        require(self, "select", self.select in ("last", "best"), "'last' (the final step's adapter) or 'best' "
+                "(the adapter with the highest validation success; eval.every sets how many are compared)")
 
 
 @dataclass(frozen=True)

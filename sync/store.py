@@ -336,6 +336,13 @@ class AdapterStore:
             f"reader {reader_id!r} could not lease a version in {_ACQUIRE_TRIES} tries: versions in "
             f"{self.adapters_dir} are collected faster than they verify; raise keep_last (now {self.keep_last})")
 
+    def readers(self) -> list[str]:
+        """The reader ids that hold a lease now, expired or not."""
+        try:
+            return sorted(e.name[:-len(".json")] for e in os.scandir(self.readers_dir) if _is_lease(e.name))
+        except FileNotFoundError:
+            return []
+
     def release(self, reader_id: str) -> None:
         """Drop reader_id's lease (a rollout worker that shuts down)."""
         try:

@@ -27,19 +27,22 @@ class RunState:
     # Each rollout worker's random state (the engine samples from it): a step replayed after a fault samples
     # the episodes it sampled the first time. None: not saved (a checkpoint from before it was).
     rollout_rng: list | None = None
+    # eval.select "best": the adapter with the highest validation success so far, {"step", "version",
+    # "success_rate"} (step 0: the starting adapter), its version leased in the store so that it is kept
+    best: dict | None = None
 
     def to_dict(self) -> dict:
         return {"step": self.step, "cursor": self.cursor, "evals": self.evals, "wall_s": self.wall_s,
                 "version": self.version, "eval_before": self.eval_before,
                 "test_before": self.test_before, "started": self.started,
-                "rollout_rng": self.rollout_rng}
+                "rollout_rng": self.rollout_rng, "best": self.best}
 
     @classmethod
     def from_dict(cls, data: dict) -> RunState:
         return cls(step=data["step"], cursor=data["cursor"], evals=dict(data["evals"]), wall_s=data["wall_s"],
                    version=data.get("version"), eval_before=data.get("eval_before"),
                    test_before=data.get("test_before"), started=data.get("started"),
-                   rollout_rng=data.get("rollout_rng"))
+                   rollout_rng=data.get("rollout_rng"), best=data.get("best"))
 
 
 class TaskSampler:
@@ -67,8 +70,8 @@ class TaskSampler:
 # (train.micro_batch_size "does not change the update"). None of them changes what a step trains on or how.
 # `steps` keeps the steps already run; a cosine schedule (train.schedule) runs over the new count from the
 # step resumed. A section's name with ".*" allows each of its fields.
-MAY_CHANGE = ("steps", "output_dir", "eval.every", "eval.target_success", "checkpoint.*", "metrics.*", "fault.*",
-              "cluster.*", "train.micro_batch_size", "train.tokens_per_micro_batch",
+MAY_CHANGE = ("steps", "output_dir", "eval.every", "eval.target_success", "eval.select", "checkpoint.*",
+              "metrics.*", "fault.*", "cluster.*", "train.micro_batch_size", "train.tokens_per_micro_batch",
               "train.activation_checkpointing", "train.share_prompts", "engine.kv_cache_memory_bytes",
               "engine.gpu_memory_utilization", "engine.max_num_seqs")
 

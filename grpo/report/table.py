@@ -24,6 +24,10 @@ def summary_rows(summary: dict, run_dir: str | Path | None = None) -> list[tuple
     if summary.get("grpo_wall_s") is not None:
         rows.append(("GRPO wall time", f"{summary['grpo_wall_s']:.0f} s"))
     if summary.get("adapter_path"):
+        selected = summary.get("selected") or {}
+        if "last_step" in selected:  # eval.select best picked an earlier adapter than the last step's
+            rows.append(("adapter (eval.select best)", f"step {selected['step']}'s, validated above step "
+                         f"{selected['last_step']}'s {_pct(selected['last_step_validation'])}"))
         rows.append(("adapter", str(summary["adapter_path"])))
     if run_dir is not None:
         rows.append(("run folder (summary.json, samples.jsonl, curves.png)", str(Path(run_dir).resolve())))

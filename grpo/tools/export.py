@@ -59,7 +59,8 @@ def pick(run_dir: Path, step: int | None) -> tuple[int, int]:
         summary = run_dir / "summary.json"
         if summary.is_file():
             done = json.loads(summary.read_text())
-            return int(done["steps"]), int(done["adapter_version"])
+            # The adapter the run tested: with eval.select best, maybe an earlier step's than the last.
+            return int((done.get("selected") or {}).get("step", done["steps"])), int(done["adapter_version"])
         if not published:
             raise FileNotFoundError(f"{run_dir} has no completed step (metrics.jsonl records none): nothing to export")
         step = max(published)
