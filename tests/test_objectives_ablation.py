@@ -77,16 +77,17 @@ def test_verdicts_name_an_arm_only_when_every_seed_is_above_or_below_its_baselin
     runs = (cell("reasoning", "grpo", (0.5, 0.55, 0.6)) + cell("reasoning", "cispo", (0.61, 0.65, 0.7))
             + cell("reasoning", "sapo", (0.3, 0.4, 0.49)) + cell("reasoning", "dr_grpo", (0.45, 0.58, 0.7))
             + cell("reasoning", "stale", (0.4, 0.5, 0.6)) + cell("reasoning", "is_token_truncate", (0.55, 0.6, 0.61))
-            + cell("maze", "grpo", (0.8, 0.85, 0.9)) + cell("maze", "cispo", (0.7, 0.85, 0.95))
+            + cell("maze", "grpo", (0.8, 0.85, 0.9)) + cell("maze", "cispo", (0.69, 0.93, 0.93))
             + [_run("maze", "sapo", 0, 0.4, 0.0, 1100), _run("maze", "sapo", 1, 0.4, 0.4, 500)])
     v = O.verdicts(O.summarize(runs, {"maze/gspo": "no", "maze/is_sequence_mask": "no"}), runs)
-    # dr_grpo's range holds grpo's, is_token_truncate's overlaps stale's: neither is named.
+    # dr_grpo's range holds grpo's, is_token_truncate's overlaps stale's: neither is named. On the maze grpo and
+    # cispo tie for the highest mean (their float sums differ in the last bit): both are named.
     assert v["reasoning"] == ("reasoning: 6 of 9 arms complete (dr_grpo, cispo, sapo, stale, is_token_truncate "
                               "beside their baselines): cispo above grpo, sapo below grpo at every seed; highest "
                               "mean test accuracy after, cispo (65.3%).")
     assert v["maze"] == ("maze: 2 of 7 arms complete (cispo beside its baseline): no arm is above or below its "
                          "baseline at every seed (the ranges overlap): no winner; highest mean test accuracy after, "
-                         "grpo (85.0%). sapo seed 0 ended below its start (40.0% -> 0.0%).")
+                         "grpo and cispo (85.0%). sapo seed 0 ended below its start (40.0% -> 0.0%).")
 
 
 def test_a_seed_outside_the_protocol_is_refused_before_anything_runs(capsys):
