@@ -1,5 +1,6 @@
-"""`grpo eval`: the figures by hand, and on a real run's folder the trainer's own evals, episode for
-episode (the maze warm start, a tiny Qwen3-VL: real vLLM, Ray and FSDP)."""
+"""`grpo eval` and eval.select: the figures by hand; on a real run's folder (the maze warm start, a tiny
+Qwen3-VL: real vLLM, Ray and FSDP) the adapter validation selected, tested, exported, and evaluated again
+episode for episode as the trainer's own evals did."""
 import json
 from pathlib import Path
 
@@ -64,40 +65,92 @@ def _last_json(capsys):
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+def test_select_takes_last_or_best_and_names_anything_else():
+    import grpo
+    from grpo.config import ConfigError
+
+    assert grpo.RunConfig(model="m").eval.select == "last"
+    assert grpo.RunConfig(model="m", eval={"select": "best"}).eval.select == "best"
+    with pytest.raises(ConfigError, match="EvalConfig.select='median' is not allowed: 'last'.*'best'"):
+        grpo.RunConfig(model="m", eval={"select": "median"})
+
+
 @pytest.mark.slow
-def test_eval_reproduces_the_runs_evals_episode_for_episode(tmp_path, capsys):
+def test_the_best_validated_adapter_is_tested_kept_exported_and_evaluated_as_the_run_did(tmp_path, capsys):
+    """eval.select best on a run trained against its own validation (a format reward of -1 pays the maze warm
+    start to stop replying moves): it ends below where it started, the test set scores the best validated
+    adapter, kept in the store past garbage collection; `grpo export` and `grpo eval` take that adapter, and
+    `grpo eval` reproduces the run's own evals of it and of the base episode for episode."""
     import grpo
     from examples.maze import maze_config
+    from grpo.tools.export import export
+    from sync import AdapterStore
 
-    # The maze warm start (31% on the 64 eval mazes): some seeds solved, and rewards that differ in a group.
     out = tmp_path / "run"
     summary = grpo.Trainer(grpo.RunConfig(
-        model=str(maze_config.WARMSTART), output_dir=str(out), steps=1, tasks_per_step=2,
-        # 10 turns (not 30) keep the test short; the replies, not the successes, are compared.
-        env={"name": "maze", "options": dict(maze_config.ENV_OPTIONS, max_turns=10, progress_reward=0.1)},
-        algorithm={"group_size": 4}, lora={"rank": 8, "alpha": 16.0},
-        train={"lr": 2e-2, "micro_batch_size": 64},
+        model=str(maze_config.WARMSTART), output_dir=str(out), steps=3, tasks_per_step=2,
+        env={"name": "maze", "options": dict(maze_config.ENV_OPTIONS, format_reward=-1.0)},
+        algorithm={"group_size": 4}, lora={"rank": 8, "alpha": 16.0}, train={"lr": 2e-2, "micro_batch_size": 64},
         rollout={"temperature": 0.7, "max_tokens_per_turn": maze_config.MAX_TOKENS_PER_TURN,
                  "history": maze_config.HISTORY}, engine={"max_model_len": 1024},
-        eval={"seeds": "0-7"}, cluster={"train_ranks": 1}, metrics={"tensorboard": False, "plots": False})).fit()
+        eval={"seeds": "0-5", "test_seeds": "6-11", "every": 1, "select": "best"},
+        checkpoint={"every": 1, "keep": 1}, cluster={"train_ranks": 1},
+        metrics={"tensorboard": False, "plots": False})).fit()
     printed = capsys.readouterr().out
-    assert "greedy success, 8 validation seeds, after training" in printed and str(out.resolve()) in printed
+    assert "greedy success, 6 validation seeds, after training" in printed and str(out.resolve()) in printed
 
+    selected = summary["selected"]
+    validation = [summary["eval_before"]] + [summary["evals"][str(s)]["success_rate"] for s in range(1, 4)]
+    # The objective pays for unreadable replies: the precondition of this test is a run that got worse.
+    assert validation[3] < max(validation), f"validation before and after steps 1-3: {validation}"
+    assert selected["last_step_validation"] == validation[3]  # the last step's eval, measured again after it
+    best_step = validation.index(max(validation))  # the earliest of the highest
+    assert (selected["rule"], selected["step"], selected["last_step"]) == ("best", best_step, 3)
+    line = next(x for x in printed.splitlines() if x.startswith("adapter (eval.select best)"))
+    assert " ".join(line.split()) == (f"adapter (eval.select best) step {best_step}'s, validated above step 3's "
+                                      f"{validation[3]:.1%}")
+    # Served again at the end, it validates as it did when it was picked (greedy decoding, the same seeds).
+    assert selected["validation"] == selected["validation_at_step"] == max(validation) == summary["eval_after"]
+
+    store = AdapterStore(out / "store")
+    best = selected["adapter_version"]
+    # Versions: v1 the start, one a step: the best is the version served after its step, kept by its lease while
+    # garbage collection took every other version but the newest three.
+    assert summary["adapter_version"] == best == best_step + 1
+    assert [v.version for v in store.versions()] == sorted({best, 2, 3, 4})
+    assert store.readers() == [f"best-v{best:06d}"] and summary["adapter_path"] == store.verify(best).path
+    episodes = [json.loads(x) for x in (out / "eval_samples.jsonl").read_text().splitlines()]
+    tested = [e for e in episodes if e["label"] == "test"]
+    assert len(tested) == 6 and {e["adapter_version"] for e in tested} == {best}
+    assert {e["adapter_version"] for e in episodes if e["label"] == "selected"} == {best}
+    assert {e["adapter_version"] for e in episodes if e["label"] == "after"} == {4}
+
+    # `grpo export` takes the adapter the run tested, its card the figures measured for it.
+    exported = export(out)
+    assert (exported.step, exported.version) == (best_step, best) and exported.adapter.name == f"step{best_step}"
+    weights = "adapter_model.safetensors"
+    assert (exported.adapter / weights).read_bytes() == (Path(store.verify(best).path) / weights).read_bytes()
+    card = (exported.adapter / "README.md").read_text()
+    assert f"| test (6 seeds) | {summary['test_before']:.1%} | {summary['test_after']:.1%} |" in card
+
+    # `grpo eval` serves the same adapter and replies as the run's eval of it did, turn for turn.
     assert main(["eval", str(out)]) == 0
-    after = _last_json(capsys)
-    assert Path(after["adapter"]).resolve() == Path(summary["adapter_path"]).resolve()
+    again = _last_json(capsys)
+    assert Path(again["adapter"]).resolve() == Path(summary["adapter_path"]).resolve()
     for key in ("success_rate", "mean_reward", "mean_turns", "stop_reasons", "episodes", "solved_seeds"):
-        assert after[key] == summary["eval_after_detail"][key], key
-    trained = _episodes(out / "eval" / "v000002.jsonl")
-    assert trained == _episodes(out / "eval_samples.jsonl", "after") and len(trained) == 8
-
+        assert again[key] == summary["eval_after_detail"][key], key
+    trained = _episodes(out / "eval" / f"v{best:06d}.jsonl")
+    assert trained == _episodes(out / "eval_samples.jsonl", "selected") and len(trained) == 6
     assert main(["eval", str(out), "--base"]) == 0
     base = _last_json(capsys)
     assert base["adapter"] is None and base["success_rate"] == summary["eval_before"]
     untrained = _episodes(out / "eval" / "base.jsonl")
     assert untrained == _episodes(out / "eval_samples.jsonl", "before")
-    # The adapters differ in what they reply: the eval serves the one it names.
-    assert untrained != trained
+    # The eval serves the adapter it names: a trained one replies otherwise than the base; the starting adapter
+    # (LoRA B = 0) as the base does.
+    assert (untrained != trained) == (best_step > 0)
+    print(json.dumps({"validation": validation, "selected": selected, "test_before": summary["test_before"],
+                      "test_after": summary["test_after"]}))
 
 
 def test_a_corrupt_adapter_is_refused_with_one_that_verifies(tmp_path, tiny_vl, capsys):
