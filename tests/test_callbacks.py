@@ -102,11 +102,12 @@ def test_a_failing_callback_stops_the_run_before_ray_starts_and_frees_the_folder
 def test_run_state_round_trips_and_reads_a_checkpoint_written_as_a_plain_dict():
     state = RunState(step=4, cursor=8, evals={"2": {"success_rate": 0.5}}, wall_s=12.5, version=5,
                      eval_before={"success_rate": 0.25}, test_before={"success_rate": 0.2}, started=1000.0,
-                     rollout_rng=[{"torch": None}])
+                     rollout_rng=[{"torch": None}], best={"step": 2, "version": 3, "success_rate": 0.5})
     assert RunState.from_dict(state.to_dict()) == state
     assert list(state.to_dict()) == ["step", "cursor", "evals", "wall_s", "version", "eval_before", "test_before",
-                                     "started", "rollout_rng"]
+                                     "started", "rollout_rng", "best"]
     # A checkpoint saved before the rollout workers' random state was, and before the eval before training ran
     # (one that still records the injected faults that fired: they are in the run folder now).
     old = RunState.from_dict({"step": 2, "cursor": 4, "evals": {}, "wall_s": 3.0, "version": 3, "faults_fired": []})
-    assert (old.step, old.cursor, old.eval_before, old.test_before, old.rollout_rng) == (2, 4, None, None, None)
+    assert (old.step, old.cursor, old.eval_before, old.test_before, old.rollout_rng, old.best) == (2, 4, None, None,
+                                                                                                   None, None)

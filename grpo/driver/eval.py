@@ -38,6 +38,11 @@ def eval_summary(trajs, stats, samples: int = 1) -> dict:
     return out
 
 
+def met_target(evaluation: dict | None, target) -> bool:
+    """Whether an eval's success reached the run's target (none set: never)."""
+    return target is not None and evaluation is not None and evaluation["success_rate"] >= target
+
+
 def resolve(target: str, model: str | None = None, adapter: str | None = None, base: bool = False,
             overrides: list[str] = ()) -> tuple:
     """(RunConfig, adapter folder or None, run folder or None) for a run folder or an adapter folder."""

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from grpo.algo.advantages import batch_advantages, next_draw
 from grpo.config import RunConfig
-from grpo.driver import session, storage
+from grpo.driver import select, session, storage
 from grpo.driver.callbacks import CallbackList
-from grpo.driver.eval import eval_summary
+from grpo.driver.eval import eval_summary, met_target
 from grpo.driver.fault import RECORD as fault_record
 from grpo.driver.fault import ActorFault, InjectionPlan, flip_byte
 from grpo.driver.pipeline import Pipeline, check_versions, pipeline_record
@@ -43,7 +43,6 @@ from grpo.report.table import summary_rows, table
 from rollout.models import resolve_model
 from rollout.trajectory import merge_stats
 from rollout.worker import Task
-from sync import AdapterStore
 from sync.atomic import atomic_write
 
 
@@ -115,7 +114,7 @@ class Trainer:
         first = state.step + 1
         stopped = f"ran all {cfg.steps} steps"  # summary.json's `stopped`, unless a target or a callback ends it
         reached_at = f"eval.target_success={cfg.eval.target_success} reached at step {{}}"
-        if _met(state.evals.get(str(state.step)), cfg.eval.target_success):
+        if met_target(state.evals.get(str(state.step)), cfg.eval.target_success):
             # A run that stopped at its target is done: run again, it reports, it does not train on.
             print(f"[grpo] this run reached eval.target_success={cfg.eval.target_success:g} at step {state.step}: "
                   "nothing left to train (a higher target trains on; a new output_dir starts over)", file=sys.stderr)
@@ -129,7 +128,7 @@ class Trainer:
                 record, batch = self._train_step(step, sampler, plan)
                 if cfg.eval.every and step % cfg.eval.every == 0:
                     record["eval"] = state.evals[str(step)] = self.evaluate(label=f"step {step}")
-                    self._note_best(step, record["eval"])
+                    select.note(cfg.eval.select, state, self.store_root, step, record["eval"])
                 record["wall_s"] = time.time() - state.started  # the run's clock, over all its processes
                 self._record_episodes(step, *batch, record)
                 del batch  # the step's episodes leave the object store
@@ -138,7 +137,7 @@ class Trainer:
                 if self._recovery is not None:
                     self._log_restart()
                 bar(record)
-                reached = _met(record.get("eval"), cfg.eval.target_success)
+                reached = met_target(record.get("eval"), cfg.eval.target_success)
                 # A callback's Stop ends the run after this step, as a reached target does: with a checkpoint.
                 if checkpoint.should_save(step, cfg.checkpoint.every, cfg.steps) or reached or self.callbacks.stop:
                     with self.callbacks.phase(self, "checkpoint"):
@@ -312,7 +311,7 @@ class Trainer:
         if state.test_before is None and self.config.test_seeds:
             state.test_before = self.evaluate(self.config.test_seeds, label="test before", submitted=early[1])
         self._early_eval = None
-        self._keep_best(state)
+        select.restarted(self.config.eval.select, state, self.store_root)
         # After a restart in this process the wall clock keeps running from this process's start.
         state.started = earlier.started or time.time() - state.wall_s
         if self._recovery is not None:
@@ -361,68 +360,12 @@ class Trainer:
         state.wall_s = time.time() - state.started
         state.rollout_rng = self.pool.rng_states()
         self.group.save_checkpoint(self.checkpoint_root, state=state.to_dict(), keep_last=self.config.checkpoint.keep)
-        if state.best is not None:
-            # The checkpoint now names this best: earlier bests' versions may go. (A resume that falls back to an
-            # older kept checkpoint may then find its best collected: _keep_best says so.)
-            store = AdapterStore(self.store_root)
-            store.mark_in_use(_best_reader(state.best["version"]), state.best["version"])  # refreshes its time
-            for reader in store.readers():
-                if reader.startswith("best-") and reader != _best_reader(state.best["version"]):
-                    store.release(reader)
-
-    # ------------------------------------------------------------------------ eval.select: "best"
-    def _note_best(self, step: int, evaluation: dict) -> None:
-        """eval.select "best": the adapter served now is the best when its validation success beats every
-        earlier one's (a tie keeps the earlier: as good with fewer updates). Its version is leased in the store
-        (reader best-vNNNNNN), so that garbage collection keeps its files."""
-        best = self.state.best
-        if self.config.eval.select != "best" or (best is not None and
-                                                 evaluation["success_rate"] <= best["success_rate"]):
-            return
-        version = self.state.version
-        AdapterStore(self.store_root).mark_in_use(_best_reader(version), version)
-        self.state.best = {"step": step, "version": version, "success_rate": evaluation["success_rate"]}
-
-    def _keep_best(self, state: RunState) -> None:
-        """After (re)starting: the starting adapter is the first candidate; a best restored from a checkpoint
-        has its lease renewed, or, collected meanwhile, is dropped with a line."""
-        from sync import AdapterNotFoundError
-
-        if self.config.eval.select != "best":
-            return
-        if state.best is None and state.step == 0:
-            self._note_best(0, state.eval_before)
-        elif state.best is not None:
-            version = state.best["version"]
-            try:
-                AdapterStore(self.store_root).mark_in_use(_best_reader(version), version)
-            except AdapterNotFoundError:
-                print(f"[grpo] eval.select best: the best adapter of the checkpoint resumed (v{version}, step "
-                      f"{state.best['step']}) is no longer in the store; the best is picked from step "
-                      f"{state.step + 1} on", file=sys.stderr)
-                state.best = None
-
-    def _select(self, after: dict) -> tuple[dict, dict]:
-        """The adapter the test set scores: the last step's, or with eval.select "best" the best one when its
-        validation beat the last step's (served again and validated again). Returns its validation and
-        summary.json's `selected`."""
-        best, state = self.state.best, self.state
-        last = {"rule": self.config.eval.select, "step": state.step, "adapter_version": state.version,
-                "validation": after["success_rate"]}
-        if self.config.eval.select != "best" or best is None or best["success_rate"] <= after["success_rate"]:
-            return after, last
-        self.pool.sync_adapter(best["version"])
-        chosen = self.evaluate(label="selected")
-        print(f"[grpo] eval.select best: step {best['step']}'s adapter (v{best['version']}, validation "
-              f"{chosen['success_rate']:.1%}) over the last step's ({after['success_rate']:.1%})", file=sys.stderr)
-        return chosen, {**last, "step": best["step"], "adapter_version": best["version"],
-                        "validation": chosen["success_rate"], "validation_at_step": best["success_rate"],
-                        "last_step": state.step, "last_step_validation": after["success_rate"]}
+        select.saved(state, self.store_root)
 
     def _finish(self, stopped: str) -> dict:
         """The evaluations after training and summary.json; `stopped` says why the run ended."""
         cfg, state = self.config, self.state
-        after, selected = self._select(self.evaluate(label="after"))
+        after, selected = select.final(cfg.eval.select, state, self.evaluate, self.pool.sync_adapter)
         test = self.evaluate(cfg.test_seeds, label="test") if cfg.test_seeds else None
         curve = None
         if cfg.metrics.plots:
@@ -500,14 +443,5 @@ class Trainer:
         self._ray.stop()  # joined a cluster: disconnect only; started one here: stop it
 
 
-def _best_reader(version: int) -> str:
-    return f"best-v{version:06d}"
-
-
 def rstats_version(trajs) -> int:
     return trajs[0].adapter_version if trajs else -1
-
-
-def _met(evaluation: dict | None, target) -> bool:
-    """Whether an eval's success reached the run's target (none set: never)."""
-    return target is not None and evaluation is not None and evaluation["success_rate"] >= target
