@@ -22,7 +22,7 @@ from pathlib import Path
 
 from grpo.algo.advantages import batch_advantages, next_draw
 from grpo.config import RunConfig
-from grpo.driver import select, session, storage
+from grpo.driver import selection, session, storage
 from grpo.driver.callbacks import CallbackList
 from grpo.driver.eval import eval_summary, met_target
 from grpo.driver.fault import RECORD as fault_record
@@ -128,7 +128,7 @@ class Trainer:
                 record, batch = self._train_step(step, sampler, plan)
                 if cfg.eval.every and step % cfg.eval.every == 0:
                     record["eval"] = state.evals[str(step)] = self.evaluate(label=f"step {step}")
-                    select.note(cfg.eval.select, state, self.store_root, step, record["eval"])
+                    selection.note(cfg.eval.select, state, self.store_root, step, record["eval"])
                 record["wall_s"] = time.time() - state.started  # the run's clock, over all its processes
                 self._record_episodes(step, *batch, record)
                 del batch  # the step's episodes leave the object store
@@ -311,7 +311,7 @@ class Trainer:
         if state.test_before is None and self.config.test_seeds:
             state.test_before = self.evaluate(self.config.test_seeds, label="test before", submitted=early[1])
         self._early_eval = None
-        select.restarted(self.config.eval.select, state, self.store_root)
+        selection.restarted(self.config.eval.select, state, self.store_root)
         # After a restart in this process the wall clock keeps running from this process's start.
         state.started = earlier.started or time.time() - state.wall_s
         if self._recovery is not None:
@@ -360,12 +360,12 @@ class Trainer:
         state.wall_s = time.time() - state.started
         state.rollout_rng = self.pool.rng_states()
         self.group.save_checkpoint(self.checkpoint_root, state=state.to_dict(), keep_last=self.config.checkpoint.keep)
-        select.saved(state, self.store_root)
+        selection.saved(state, self.store_root)
 
     def _finish(self, stopped: str) -> dict:
         """The evaluations after training and summary.json; `stopped` says why the run ended."""
         cfg, state = self.config, self.state
-        after, selected = select.final(cfg.eval.select, state, self.evaluate, self.pool.sync_adapter)
+        after, selected = selection.final(cfg.eval.select, state, self.evaluate, self.pool.sync_adapter)
         test = self.evaluate(cfg.test_seeds, label="test") if cfg.test_seeds else None
         curve = None
         if cfg.metrics.plots:
