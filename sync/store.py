@@ -377,22 +377,19 @@ class AdapterStore:
                 if (m := VERSION_DIR.fullmatch(e.name)) and e.is_dir(follow_symlinks=False)}
 
     def _leased_versions(self) -> set[int]:
-        try:
-            entries = [e for e in os.scandir(self.readers_dir) if _is_lease(e.name)]
-        except FileNotFoundError:
-            return set()
         now = time.time()
         leased = set()
-        for entry in entries:
+        for reader in self.readers():
+            path = self._lease_path(reader)
             try:
-                with open(entry.path, "rb") as f:
+                with open(path, "rb") as f:
                     lease = json.loads(f.read())
                 version, stamped = int(lease["version"]), float(lease["time"])
             except FileNotFoundError:
                 continue  # released meanwhile
             except (OSError, ValueError, KeyError, TypeError) as e:
                 logger.warning("ignoring unreadable reader lease %s (%s); the reader rewrites it on its next "
-                               "mark_in_use, or delete it", entry.path, e)
+                               "mark_in_use, or delete it", path, e)
                 continue
             if self.lease_ttl_s is None or now - stamped <= self.lease_ttl_s:
                 leased.add(version)

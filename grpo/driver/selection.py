@@ -45,7 +45,7 @@ def saved(state, store_root: str) -> None:
     store, keep = AdapterStore(store_root), _reader(state.best["version"])
     store.mark_in_use(keep, state.best["version"])
     for reader in store.readers():
-        if reader.startswith("best-") and reader != keep:
+        if reader.startswith(_READER) and reader != keep:
             store.release(reader)
 
 
@@ -67,5 +67,8 @@ def final(rule: str, state, evaluate, serve) -> tuple[dict, dict]:
                     "last_step": state.step, "last_step_validation": after["success_rate"]}
 
 
+_READER = "best-v"  # + the version: one lease a best, so that a new best's lease never drops the one before
+
+
 def _reader(version: int) -> str:
-    return f"best-v{version:06d}"
+    return f"{_READER}{version:06d}"
